@@ -1,0 +1,5 @@
+import sys
+
+from bmrl.cli import main
+
+sys.exit(main())

@@ -1,0 +1,39 @@
+"""The `bmrl` command line: one subcommand per module in `bmrl.commands`.
+
+Each command module defines `register(subparsers)`, which adds its parser and sets `func` to a
+callable taking the parsed arguments and returning an exit status. Heavy imports (jax, the model)
+stay inside those callables, so `bmrl --help` is fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import pkgutil
+import sys
+
+from bmrl import commands
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The top-level parser with every command module's subparser."""
+    parser = argparse.ArgumentParser(
+        prog="bmrl",
+        description="Multi-turn RL for LLM agents with compiled rollouts, BudgetMix and Pass@(K,T).",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
+        if info.name.startswith("_"):
+            continue
+        importlib.import_module(f"bmrl.commands.{info.name}").register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse `argv` and run the chosen command; returns its exit status."""
+    args = build_parser().parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Subcommands of the `bmrl` CLI, one module each; see `bmrl.cli`."""

@@ -1,0 +1,56 @@
+"""Evaluation: Pass@(K,T) surfaces with bootstrap intervals, log readers, budget audit, plots.
+
+Names are loaded lazily from their modules, so `import bmrl.eval` costs nothing and
+`bmrl.eval.logs` / `bmrl.eval.audit` (numpy only) never pull in jax or matplotlib.
+To export a new name, add it to `_EXPORTS`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+_EXPORTS = {
+    "pass_at_kt": "bmrl.eval.passkt",
+    "pass_at_kt_per_task": "bmrl.eval.passkt",
+    "success_counts": "bmrl.eval.passkt",
+    "reference_pass_at_k": "bmrl.eval.passkt",
+    "SurfaceInterval": "bmrl.eval.bootstrap",
+    "bootstrap_mean": "bmrl.eval.bootstrap",
+    "bootstrap_pass_at_kt": "bmrl.eval.bootstrap",
+    "paired_difference": "bmrl.eval.bootstrap",
+    "AttemptLog": "bmrl.eval.logs",
+    "LogFields": "bmrl.eval.logs",
+    "LogFormatError": "bmrl.eval.logs",
+    "read_attempt_log": "bmrl.eval.logs",
+    "run_audit": "bmrl.eval.audit",
+    "paired_audit": "bmrl.eval.audit",
+    "budget_visibility_warning": "bmrl.eval.audit",
+    "markdown_surface_table": "bmrl.eval.audit",
+    "plot_surface_heatmap": "bmrl.eval.plots",
+    "plot_difference_heatmap": "bmrl.eval.plots",
+    "plot_pass1_curves": "bmrl.eval.plots",
+    "plot_grouped_bars": "bmrl.eval.plots",
+}
+
+__all__ = sorted(_EXPORTS)
+
+if TYPE_CHECKING:
+    from bmrl.eval.audit import budget_visibility_warning, markdown_surface_table, paired_audit, run_audit
+    from bmrl.eval.bootstrap import SurfaceInterval, bootstrap_mean, bootstrap_pass_at_kt, paired_difference
+    from bmrl.eval.logs import AttemptLog, LogFields, LogFormatError, read_attempt_log
+    from bmrl.eval.passkt import pass_at_kt, pass_at_kt_per_task, reference_pass_at_k, success_counts
+    from bmrl.eval.plots import plot_difference_heatmap, plot_grouped_bars, plot_pass1_curves, plot_surface_heatmap
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'bmrl.eval' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

@@ -1,0 +1,137 @@
+"""PNG plots for evaluation reports (matplotlib, Agg canvas; pyplot's global state is never used).
+
+Every function writes one file and returns its path: Pass@(K,T) heatmap, difference heatmap with
+significance marks, Pass@(1,T) curves with interval bands, grouped bars with error bars.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+
+def _figure(width: float, height: float):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, height), dpi=110, layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _save(fig, path: str | os.PathLike) -> str:
+    path = os.fspath(path)
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    fig.savefig(path)
+    return path
+
+
+def _ticks(ax, ks: Sequence[int], ts: Sequence[int]) -> None:
+    step_t = max(1, len(ts) // 16)
+    step_k = max(1, len(ks) // 16)
+    ax.set_xticks(range(0, len(ts), step_t), [str(t) for t in ts][::step_t])
+    ax.set_yticks(range(0, len(ks), step_k), [str(k) for k in ks][::step_k])
+    ax.set_xlabel("T (turn cap)")
+    ax.set_ylabel("K (attempts)")
+
+
+def plot_surface_heatmap(
+    surface: np.ndarray, ks: Sequence[int], ts: Sequence[int], path: str | os.PathLike, *, title: str = "Pass@(K,T)"
+) -> str:
+    """Heatmap of `surface: [len(ks), len(ts)]` in [0, 1]; values printed when the grid is small."""
+    surface = np.asarray(surface, float)
+    fig = _figure(max(4.0, 0.35 * len(ts) + 2), max(3.0, 0.3 * len(ks) + 1.5))
+    ax = fig.add_subplot()
+    im = ax.imshow(surface, origin="lower", aspect="auto", cmap="viridis", vmin=0.0, vmax=1.0)
+    _ticks(ax, ks, ts)
+    if surface.size <= 96:
+        for (i, j), v in np.ndenumerate(surface):
+            ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=7, color="white" if v < 0.6 else "black")
+    fig.colorbar(im, ax=ax, label="success probability")
+    ax.set_title(title)
+    return _save(fig, path)
+
+
+def plot_difference_heatmap(
+    difference: np.ndarray,
+    lower: np.ndarray,
+    upper: np.ndarray,
+    ks: Sequence[int],
+    ts: Sequence[int],
+    path: str | os.PathLike,
+    *,
+    title: str = "Pass@(K,T) difference",
+    confidence: float = 0.95,
+) -> str:
+    """Diverging heatmap of a difference surface; '*' marks cells whose interval excludes 0."""
+    difference = np.asarray(difference, float)
+    significant = (np.asarray(lower) > 0) | (np.asarray(upper) < 0)
+    bound = max(float(np.abs(difference).max()), 1e-6)
+    fig = _figure(max(4.0, 0.35 * len(ts) + 2), max(3.0, 0.3 * len(ks) + 1.5))
+    ax = fig.add_subplot()
+    im = ax.imshow(difference, origin="lower", aspect="auto", cmap="RdBu", vmin=-bound, vmax=bound)
+    _ticks(ax, ks, ts)
+    for i, j in zip(*np.nonzero(significant)):
+        ax.text(j, i, "*", ha="center", va="center", fontsize=9, color="black")
+    fig.colorbar(im, ax=ax, label="difference")
+    ax.set_title(f"{title}\n* = {round(100 * confidence)}% interval excludes 0")
+    return _save(fig, path)
+
+
+def plot_pass1_curves(
+    ts: Sequence[int],
+    curves: Mapping[str, tuple[np.ndarray, np.ndarray, np.ndarray]],
+    path: str | os.PathLike,
+    *,
+    title: str = "Pass@(1,T)",
+    ylabel: str = "Pass@(1,T)",
+) -> str:
+    """One line per run over T with its (lower, upper) band; `curves[name] = (estimate, lower, upper)`."""
+    fig = _figure(6.0, 4.0)
+    ax = fig.add_subplot()
+    for name, (est, lo, hi) in curves.items():
+        (line,) = ax.plot(ts, est, marker="o", markersize=3, label=name)
+        ax.fill_between(ts, lo, hi, color=line.get_color(), alpha=0.2, linewidth=0)
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("T (turn cap)")
+    ax.set_ylabel(ylabel)
+    ax.set_ylim(-0.02, 1.02)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    ax.set_title(title)
+    return _save(fig, path)
+
+
+def plot_grouped_bars(
+    groups: Sequence[str],
+    series: Mapping[str, Sequence[float]],
+    path: str | os.PathLike,
+    *,
+    lower: Mapping[str, Sequence[float]] | None = None,
+    upper: Mapping[str, Sequence[float]] | None = None,
+    title: str = "",
+    ylabel: str = "",
+) -> str:
+    """Bars: one cluster per group (e.g. a metric), one bar per series (e.g. a policy), with
+    (lower, upper) error bars when given (e.g. bootstrap intervals)."""
+    fig = _figure(max(5.0, 1.2 * len(groups) + 2), 4.0)
+    ax = fig.add_subplot()
+    width = 0.8 / max(1, len(series))
+    x = np.arange(len(groups))
+    for i, (name, values) in enumerate(series.items()):
+        values = np.asarray(values, float)
+        yerr = None
+        if lower is not None and upper is not None and name in lower:
+            yerr = np.stack([values - np.asarray(lower[name], float), np.asarray(upper[name], float) - values])
+            yerr = np.maximum(yerr, 0.0)
+        ax.bar(x + (i - (len(series) - 1) / 2) * width, values, width, yerr=yerr, capsize=3, label=name)
+    ax.set_xticks(x, list(groups))
+    ax.set_ylabel(ylabel)
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend()
+    ax.set_title(title)
+    return _save(fig, path)

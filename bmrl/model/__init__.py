@@ -1,0 +1,38 @@
+"""The policy model: a Llama / Qwen2 family decoder in Flax NNX, its KV cache, HF checkpoints, tokenizers."""
+
+from bmrl.model.config import SUPPORTED_MODEL_TYPES, ConfigError, ModelConfig
+from bmrl.model.decoder import Decoder, KVCache, init_model, num_params
+from bmrl.model.hf import CheckpointError, config_from_hf, config_to_hf, from_pretrained, save_pretrained
+from bmrl.model.tokenizer import (
+    BOS,
+    END_OF_TURN,
+    EOS,
+    PAD,
+    SPECIAL_TOKENS,
+    load_tokenizer,
+    save_tokenizer,
+    train_tiny_tokenizer,
+)
+
+__all__ = [
+    "BOS",
+    "END_OF_TURN",
+    "EOS",
+    "PAD",
+    "SPECIAL_TOKENS",
+    "SUPPORTED_MODEL_TYPES",
+    "CheckpointError",
+    "ConfigError",
+    "Decoder",
+    "KVCache",
+    "ModelConfig",
+    "config_from_hf",
+    "config_to_hf",
+    "from_pretrained",
+    "init_model",
+    "load_tokenizer",
+    "num_params",
+    "save_pretrained",
+    "save_tokenizer",
+    "train_tiny_tokenizer",
+]

@@ -1,0 +1,190 @@
+"""The decoder's configuration: one frozen dataclass, Hugging Face field names, checked on creation.
+
+Field names follow `transformers`' LlamaConfig / Qwen2Config so a config.json maps onto it by name
+(see `bmrl.model.hf`). The dataclass is hashable (it is static data of the NNX graph), so
+`rope_scaling`, a dict, is hashed by its sorted items.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax.numpy as jnp
+
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
+SUPPORTED_ROPE_TYPES = ("default", "llama3")
+SUPPORTED_DTYPES = ("float32", "bfloat16", "float16")
+LLAMA3_ROPE_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+
+
+class ConfigError(ValueError):
+    """A model configuration that no decoder (or no Hugging Face model) can be built from."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Architecture of a Llama / Qwen2 family decoder.
+
+    `attention_bias=None` takes the family default: Qwen2 always has q/k/v biases (and no o_proj
+    bias); Llama has none, and with `attention_bias=True` biases on q/k/v *and* o_proj, as in HF.
+    `rope_scaling` is None or a Llama-3 dict (`rope_type: "llama3"`, factor, low_freq_factor,
+    high_freq_factor, original_max_position_embeddings). `param_dtype` is the storage dtype of the
+    weights, `dtype` the compute dtype of activations and KV cache; logits are always float32.
+    """
+
+    model_type: str = "llama"
+    vocab_size: int = 512
+    hidden_size: int = 64
+    intermediate_size: int = 128
+    num_hidden_layers: int = 2
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    head_dim: int | None = None  # None: hidden_size // num_attention_heads
+    rope_theta: float = 10000.0
+    rope_scaling: dict[str, Any] | None = None
+    rms_norm_eps: float = 1e-6
+    tie_word_embeddings: bool = False
+    attention_bias: bool | None = None
+    max_position_embeddings: int = 2048
+    param_dtype: str = "float32"
+    dtype: str = "float32"
+
+    def __post_init__(self) -> None:
+        if self.head_dim is None and self.num_attention_heads > 0:
+            object.__setattr__(self, "head_dim", self.hidden_size // self.num_attention_heads)
+        if self.attention_bias is None:
+            object.__setattr__(self, "attention_bias", self.model_type == "qwen2")
+        if self.rope_scaling is not None:
+            scaling = dict(self.rope_scaling)
+            scaling.setdefault("rope_type", scaling.pop("type", "default"))  # legacy key name
+            scaling.pop("rope_theta", None)  # transformers v5 nests theta here; ours is a field
+            object.__setattr__(self, "rope_scaling", None if scaling["rope_type"] == "default" else scaling)
+        for name in ("param_dtype", "dtype"):
+            value = getattr(self, name)
+            if not isinstance(value, str):  # accept jnp.float32 etc., store the name
+                object.__setattr__(self, name, jnp.dtype(value).name)
+        self.validate()
+
+    def __hash__(self) -> int:
+        items = tuple(
+            tuple(sorted(v.items())) if isinstance(v, dict) else v
+            for v in (getattr(self, f.name) for f in dataclasses.fields(self))
+        )
+        return hash(items)
+
+    # ---------------------------------------------------------------- checks
+    def validate(self) -> None:
+        """Raise `ConfigError` naming every inconsistency (and what to change)."""
+        problems = []
+        if self.model_type not in SUPPORTED_MODEL_TYPES:
+            problems.append(
+                f"model_type={self.model_type!r} is not supported; supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
+            )
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "intermediate_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "max_position_embeddings",
+        ):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) <= 0:
+                problems.append(f"{name}={getattr(self, name)!r} must be a positive int")
+        if problems:
+            raise ConfigError("Invalid ModelConfig: " + "; ".join(problems) + ".")
+        heads, kv_heads, head_dim = self.num_attention_heads, self.num_key_value_heads, self.head_dim
+        if heads % kv_heads:
+            problems.append(
+                f"num_attention_heads={heads} is not divisible by num_key_value_heads={kv_heads} "
+                "(grouped-query attention shares each kv head among a whole number of query heads)"
+            )
+        if head_dim <= 0 or head_dim % 2:
+            problems.append(f"head_dim={head_dim} must be a positive even number (rotary embeddings rotate pairs)")
+        if self.model_type == "llama" and self.hidden_size % heads:
+            problems.append(
+                f"hidden_size={self.hidden_size} is not a multiple of num_attention_heads={heads} "
+                "(transformers' LlamaConfig requires it)"
+            )
+        if self.model_type == "qwen2":
+            if head_dim * heads != self.hidden_size:
+                problems.append(
+                    f"qwen2 needs hidden_size == num_attention_heads * head_dim, got {self.hidden_size} != "
+                    f"{heads} * {head_dim}"
+                )
+            if not self.attention_bias:
+                problems.append("qwen2 always has q/k/v biases: set attention_bias=True (or None)")
+        if self.rope_theta <= 0:
+            problems.append(f"rope_theta={self.rope_theta} must be positive")
+        if self.rms_norm_eps <= 0:
+            problems.append(f"rms_norm_eps={self.rms_norm_eps} must be positive")
+        problems += _rope_scaling_problems(self.rope_scaling)
+        for name in ("param_dtype", "dtype"):
+            if getattr(self, name) not in SUPPORTED_DTYPES:
+                problems.append(f"{name}={getattr(self, name)!r} must be one of {', '.join(SUPPORTED_DTYPES)}")
+        if problems:
+            raise ConfigError("Invalid ModelConfig: " + "; ".join(problems) + ".")
+
+    # ---------------------------------------------------------------- helpers
+    @property
+    def rope_type(self) -> str:
+        return "default" if self.rope_scaling is None else self.rope_scaling.get("rope_type", "default")
+
+    @property
+    def o_proj_bias(self) -> bool:
+        """HF Llama puts `attention_bias` on o_proj too; Qwen2 never biases o_proj."""
+        return bool(self.attention_bias) and self.model_type == "llama"
+
+    @property
+    def jnp_param_dtype(self) -> jnp.dtype:
+        return jnp.dtype(self.param_dtype)
+
+    @property
+    def jnp_dtype(self) -> jnp.dtype:
+        return jnp.dtype(self.dtype)
+
+    def replace(self, **changes: Any) -> ModelConfig:
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def tiny(
+        cls,
+        vocab_size: int = 512,
+        *,
+        model_type: str = "llama",
+        hidden_size: int = 64,
+        num_hidden_layers: int = 2,
+        num_attention_heads: int = 4,
+        num_key_value_heads: int = 2,
+        intermediate_size: int | None = None,
+        max_position_embeddings: int = 4096,
+        **overrides: Any,
+    ) -> ModelConfig:
+        """A small random-init config (tests, from-scratch training); `overrides` set any other field."""
+        return cls(
+            model_type=model_type,
+            vocab_size=vocab_size,
+            hidden_size=hidden_size,
+            intermediate_size=intermediate_size or 2 * hidden_size,
+            num_hidden_layers=num_hidden_layers,
+            num_attention_heads=num_attention_heads,
+            num_key_value_heads=num_key_value_heads,
+            max_position_embeddings=max_position_embeddings,
+            **overrides,
+        )
+
+
+def _rope_scaling_problems(rope_scaling: dict[str, Any] | None) -> list[str]:
+    if rope_scaling is None:
+        return []
+    rope_type = rope_scaling["rope_type"]
+    if rope_type not in SUPPORTED_ROPE_TYPES:
+        return [f"rope_scaling type {rope_type!r} is not supported; supported: {', '.join(SUPPORTED_ROPE_TYPES)}"]
+    if rope_type == "llama3":
+        missing = [k for k in LLAMA3_ROPE_KEYS if k not in rope_scaling]
+        if missing:
+            return [f"llama3 rope_scaling lacks {', '.join(missing)}"]
+        if rope_scaling["high_freq_factor"] <= rope_scaling["low_freq_factor"]:
+            return ["llama3 rope_scaling needs high_freq_factor > low_freq_factor"]
+    return []

@@ -1,0 +1,256 @@
+"""A Llama / Qwen2 family decoder in Flax NNX, with a fixed-size KV cache.
+
+Parameter paths mirror Hugging Face names (`embed_tokens`, `layers/<i>/self_attn/q_proj`,
+`mlp/gate_proj`, `input_layernorm`, `norm`, `lm_head`) so partition rules and checkpoint import work
+by name. Layers are a plain list (no scan): a per-layer cache, a tuple of arrays, is updated in place
+under donation, where a stacked cache carried through a scan was copied every decode step.
+
+Two entry points:
+- `model(tokens, attention_mask, positions)`: full causal forward (training, scoring).
+- `model.extend(tokens, lengths, offsets, cache)`: append a chunk per sequence to the KV cache at
+  per-sequence offsets (prefill with chunk > 1, decode with chunk = 1); static shapes throughout.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from bmrl.model.config import ModelConfig
+from bmrl.model.rope import apply_rope, inverse_frequencies
+
+# A tuple over layers of (keys, values), each [batch, max_len, kv_heads, head_dim].
+KVCache = tuple[tuple[jax.Array, jax.Array], ...]
+
+_MASKED = -0.7 * float(jnp.finfo(jnp.float32).max)  # finite: a fully masked row stays NaN-free
+_init = nnx.initializers.normal(stddev=0.02)
+
+
+class RMSNorm(nnx.Module):
+    """Root-mean-square norm computed in float32, as in HF (`weight` mirrors its name)."""
+
+    def __init__(self, dim: int, eps: float, cfg: ModelConfig):
+        self.weight = nnx.Param(jnp.ones((dim,), cfg.jnp_param_dtype))
+        self.eps = eps
+        self.dtype = cfg.jnp_dtype
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        x32 = x.astype(jnp.float32)
+        x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        return (self.weight[...].astype(jnp.float32) * x32).astype(self.dtype)
+
+
+def _linear(cfg: ModelConfig, d_in: int, d_out: int, bias: bool, rngs: nnx.Rngs) -> nnx.Linear:
+    return nnx.Linear(
+        d_in,
+        d_out,
+        use_bias=bias,
+        dtype=cfg.jnp_dtype,
+        param_dtype=cfg.jnp_param_dtype,
+        kernel_init=_init,
+        rngs=rngs,
+    )
+
+
+def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
+    """Grouped-query attention.
+
+    q: [batch, seq, heads, head_dim]; k, v: [batch, keys, kv_heads, head_dim];
+    mask: [batch, seq, keys] bool (True = may attend). Returns [batch, seq, heads * head_dim].
+    """
+    batch, seq, heads, head_dim = q.shape
+    kv_heads = k.shape[2]
+    q = q.reshape(batch, seq, kv_heads, heads // kv_heads, head_dim)
+    scores = jnp.einsum("bskgd,btkd->bkgst", q, k, preferred_element_type=jnp.float32)
+    scores = jnp.where(mask[:, None, None], scores * head_dim**-0.5, _MASKED)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    out = jnp.einsum("bkgst,btkd->bskgd", probs, v)
+    return out.reshape(batch, seq, heads * head_dim)
+
+
+class Attention(nnx.Module):
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+        d, hd = cfg.hidden_size, cfg.head_dim
+        self.q_proj = _linear(cfg, d, cfg.num_attention_heads * hd, cfg.attention_bias, rngs)
+        self.k_proj = _linear(cfg, d, cfg.num_key_value_heads * hd, cfg.attention_bias, rngs)
+        self.v_proj = _linear(cfg, d, cfg.num_key_value_heads * hd, cfg.attention_bias, rngs)
+        self.o_proj = _linear(cfg, cfg.num_attention_heads * hd, d, cfg.o_proj_bias, rngs)
+        self.config = cfg
+
+    def __call__(
+        self,
+        x: jax.Array,
+        positions: jax.Array,
+        mask: jax.Array,
+        cache: tuple[jax.Array, jax.Array] | None = None,
+        write_index: jax.Array | None = None,
+    ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
+        """x: [batch, seq, hidden]; positions: [batch, seq]; mask: [batch, seq, keys].
+
+        Without a cache the keys are this chunk's own. With one, the chunk's keys/values are first
+        scattered into it at `write_index: [batch, seq]` (out-of-range indices are dropped) and the
+        queries attend over the whole cache.
+        """
+        cfg = self.config
+        batch, seq, _ = x.shape
+        inv_freq = inverse_frequencies(cfg)
+        q = self.q_proj(x).reshape(batch, seq, cfg.num_attention_heads, cfg.head_dim)
+        k = self.k_proj(x).reshape(batch, seq, cfg.num_key_value_heads, cfg.head_dim)
+        v = self.v_proj(x).reshape(batch, seq, cfg.num_key_value_heads, cfg.head_dim)
+        q, k = apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq)
+        if cache is not None:
+            k_cache, v_cache = cache
+            rows = jnp.arange(batch)[:, None]
+            k_cache = k_cache.at[rows, write_index].set(k.astype(k_cache.dtype), mode="drop")
+            v_cache = v_cache.at[rows, write_index].set(v.astype(v_cache.dtype), mode="drop")
+            cache, k, v = (k_cache, v_cache), k_cache, v_cache
+        return self.o_proj(attend(q, k, v, mask)), cache
+
+
+class MLP(nnx.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+        self.gate_proj = _linear(cfg, cfg.hidden_size, cfg.intermediate_size, False, rngs)
+        self.up_proj = _linear(cfg, cfg.hidden_size, cfg.intermediate_size, False, rngs)
+        self.down_proj = _linear(cfg, cfg.intermediate_size, cfg.hidden_size, False, rngs)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nnx.Module):
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+        self.self_attn = Attention(cfg, rngs)
+        self.mlp = MLP(cfg, rngs)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg)
+
+    def __call__(
+        self,
+        x: jax.Array,
+        positions: jax.Array,
+        mask: jax.Array,
+        cache: tuple[jax.Array, jax.Array] | None = None,
+        write_index: jax.Array | None = None,
+    ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
+        """Pre-norm residual block: attention then SwiGLU (arguments as in `Attention`)."""
+        h, cache = self.self_attn(self.input_layernorm(x), positions, mask, cache, write_index)
+        x = x + h
+        x = x + self.mlp(self.post_attention_layernorm(x))
+        return x, cache
+
+
+class Decoder(nnx.Module):
+    """Decoder-only causal LM. `Decoder(cfg, rngs=nnx.Rngs(seed))`; see the module docstring."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        self.config = cfg
+        self.embed_tokens = nnx.Embed(
+            cfg.vocab_size,
+            cfg.hidden_size,
+            dtype=cfg.jnp_dtype,
+            param_dtype=cfg.jnp_param_dtype,
+            embedding_init=_init,
+            rngs=rngs,
+        )
+        self.layers = nnx.List([DecoderLayer(cfg, rngs) for _ in range(cfg.num_hidden_layers)])
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg)
+        self.lm_head = None if cfg.tie_word_embeddings else _linear(cfg, cfg.hidden_size, cfg.vocab_size, False, rngs)
+
+    # ------------------------------------------------------------ full forward
+    def __call__(
+        self,
+        tokens: jax.Array,
+        attention_mask: jax.Array | None = None,
+        positions: jax.Array | None = None,
+    ) -> jax.Array:
+        """tokens: [batch, seq] int -> logits [batch, seq, vocab] float32.
+
+        `attention_mask: [batch, seq]` (1 = real token) hides padding keys; without `positions`, a
+        token's position is the number of real tokens before it, so left or right padding gives
+        each sequence the logits it has alone. Logits at padding are finite but meaningless.
+        """
+        return self.logits(self.hidden_states(tokens, attention_mask, positions))
+
+    def hidden_states(
+        self,
+        tokens: jax.Array,
+        attention_mask: jax.Array | None = None,
+        positions: jax.Array | None = None,
+    ) -> jax.Array:
+        """The final-norm hidden states `[batch, seq, hidden]` (for callers that chunk the lm_head)."""
+        batch, seq = tokens.shape
+        if attention_mask is None:
+            attention_mask = jnp.ones((batch, seq), bool)
+        attention_mask = attention_mask.astype(bool)
+        if positions is None:
+            positions = jnp.maximum(jnp.cumsum(attention_mask, axis=1, dtype=jnp.int32) - 1, 0)
+        causal = jnp.tril(jnp.ones((seq, seq), bool))
+        mask = causal[None] & attention_mask[:, None, :]
+        x = self.embed_tokens(tokens)
+        for layer in self.layers:
+            x, _ = layer(x, positions, mask)
+        return self.norm(x)
+
+    def logits(self, hidden: jax.Array) -> jax.Array:
+        """Project final-norm hidden states `[..., hidden]` to float32 logits `[..., vocab]`."""
+        if self.lm_head is None:
+            out = self.embed_tokens.attend(hidden)
+        else:
+            out = self.lm_head(hidden)
+        return out.astype(jnp.float32)
+
+    # ------------------------------------------------------------ KV cache
+    def init_cache(self, batch: int, max_len: int, dtype: jnp.dtype | None = None) -> KVCache:
+        """Zeroed cache: per layer (keys, values), each [batch, max_len, kv_heads, head_dim]."""
+        cfg = self.config
+        shape = (batch, max_len, cfg.num_key_value_heads, cfg.head_dim)
+        dtype = dtype or cfg.jnp_dtype
+        return tuple((jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)) for _ in range(cfg.num_hidden_layers))
+
+    def extend(
+        self,
+        tokens: jax.Array,
+        lengths: jax.Array,
+        offsets: jax.Array,
+        cache: KVCache,
+        *,
+        last_only: bool = False,
+    ) -> tuple[jax.Array, KVCache]:
+        """Append a chunk per sequence to the cache and return its logits.
+
+        tokens: [batch, chunk]; lengths, offsets: [batch] int. Row b writes its first `lengths[b]`
+        tokens at cache positions offsets[b] .. offsets[b] + lengths[b] - 1 (positions at or past
+        max_len are dropped, never clamped; rows with length 0 change nothing). Token i of row b has
+        RoPE position offsets[b] + i and attends to cache positions <= that position.
+        Returns (logits [batch, chunk, vocab] float32, cache); with `last_only=True` logits are
+        [batch, 1, vocab], at each row's last real token (index lengths[b] - 1, or 0 when empty).
+        """
+        batch, chunk = tokens.shape
+        max_len = cache[0][0].shape[1]
+        steps = jnp.arange(chunk, dtype=jnp.int32)
+        positions = offsets.astype(jnp.int32)[:, None] + steps  # [batch, chunk]
+        writes = (steps < lengths[:, None]) & (positions >= 0) & (positions < max_len)
+        write_index = jnp.where(writes, positions, max_len)  # max_len = out of range -> dropped
+        mask = jnp.arange(max_len, dtype=jnp.int32)[None, None, :] <= positions[:, :, None]
+        x = self.embed_tokens(tokens)
+        new_cache = []
+        for layer, layer_cache in zip(self.layers, cache, strict=True):
+            x, layer_cache = layer(x, positions, mask, layer_cache, write_index)
+            new_cache.append(layer_cache)
+        if last_only:
+            last = jnp.clip(lengths.astype(jnp.int32) - 1, 0, chunk - 1)
+            x = jnp.take_along_axis(x, last[:, None, None], axis=1)
+        return self.logits(self.norm(x)), tuple(new_cache)
+
+
+def init_model(cfg: ModelConfig, seed: int = 0) -> Decoder:
+    """A randomly initialised decoder (HF-style init: normal(0.02) weights, unit norms, zero biases)."""
+    return Decoder(cfg, rngs=nnx.Rngs(seed))
+
+
+def num_params(model: Decoder) -> int:
+    """Number of parameters (tied embeddings counted once)."""
+    return sum(x.size for x in jax.tree_util.tree_leaves(nnx.state(model, nnx.Param)))

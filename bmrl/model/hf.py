@@ -1,0 +1,352 @@
+"""Hugging Face checkpoints in and out: config.json + safetensors <-> `Decoder`.
+
+transformers (v5 ships no Flax models) is used for `AutoConfig` only, from local files, never with
+remote code. Tensors are read with `safetensors`' flax reader (it holds bf16, numpy cannot) and
+checked by name and shape against the config before any model is built, so a bad checkpoint fails
+with one error listing every problem instead of a half-loaded model.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from safetensors import safe_open
+from safetensors.numpy import save_file
+
+from bmrl.model.config import SUPPORTED_MODEL_TYPES, ConfigError, ModelConfig
+from bmrl.model.decoder import Decoder
+from bmrl.model.tokenizer import END_OF_TURN, load_tokenizer
+
+INDEX_FILE = "model.safetensors.index.json"
+SINGLE_FILE = "model.safetensors"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+# Buffers some older exports carry; derived from the config, safe to skip.
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+class CheckpointError(ValueError):
+    """A Hugging Face directory that cannot be loaded as (or written from) a bmrl decoder."""
+
+
+# ---------------------------------------------------------------- name mapping
+def tensor_specs(cfg: ModelConfig) -> dict[str, tuple[tuple, tuple[int, ...], bool]]:
+    """HF tensor name -> (NNX parameter path, HF shape, transposed). Linear weights are [out, in]
+    in HF and `kernel: [in, out]` here."""
+    d, hd, inter = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
+    q_dim, kv_dim = cfg.num_attention_heads * hd, cfg.num_key_value_heads * hd
+    specs: dict[str, tuple[tuple, tuple[int, ...], bool]] = {
+        "model.embed_tokens.weight": (("embed_tokens", "embedding"), (cfg.vocab_size, d), False),
+        "model.norm.weight": (("norm", "weight"), (d,), False),
+    }
+    if not cfg.tie_word_embeddings:
+        specs["lm_head.weight"] = (("lm_head", "kernel"), (cfg.vocab_size, d), True)
+    linears = (
+        ("self_attn.q_proj", q_dim, d, cfg.attention_bias),
+        ("self_attn.k_proj", kv_dim, d, cfg.attention_bias),
+        ("self_attn.v_proj", kv_dim, d, cfg.attention_bias),
+        ("self_attn.o_proj", d, q_dim, cfg.o_proj_bias),
+        ("mlp.gate_proj", inter, d, False),
+        ("mlp.up_proj", inter, d, False),
+        ("mlp.down_proj", d, inter, False),
+    )
+    for i in range(cfg.num_hidden_layers):
+        prefix = f"model.layers.{i}."
+        for name, d_out, d_in, bias in linears:
+            path = ("layers", i, *name.split("."))
+            specs[f"{prefix}{name}.weight"] = (path + ("kernel",), (d_out, d_in), True)
+            if bias:
+                specs[f"{prefix}{name}.bias"] = (path + ("bias",), (d_out,), False)
+        for norm in ("input_layernorm", "post_attention_layernorm"):
+            specs[f"{prefix}{norm}.weight"] = (("layers", i, norm, "weight"), (d,), False)
+    return specs
+
+
+# ---------------------------------------------------------------- config
+def config_from_hf(hf_config: Any, **overrides: Any) -> ModelConfig:
+    """A `ModelConfig` from a transformers config object; raises `ConfigError` on what we can't run."""
+    get = lambda name, default=None: getattr(hf_config, name, default)  # noqa: E731
+    model_type = get("model_type")
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise ConfigError(f"model_type {model_type!r} is not supported; supported: {', '.join(SUPPORTED_MODEL_TYPES)}.")
+    problems = []
+    if get("hidden_act", "silu") != "silu":
+        problems.append(f"hidden_act={get('hidden_act')!r} (only 'silu' / SwiGLU is implemented)")
+    if get("mlp_bias", False):
+        problems.append("mlp_bias=True (MLP biases are not implemented)")
+    if get("use_sliding_window", False):
+        problems.append("use_sliding_window=True (sliding-window attention is not implemented)")
+    rope = dict(get("rope_parameters") or get("rope_scaling") or {})
+    if rope.get("partial_rotary_factor", 1.0) != 1.0:
+        problems.append(f"partial_rotary_factor={rope['partial_rotary_factor']} (only full rotary is implemented)")
+    if problems:
+        raise ConfigError(f"{model_type} config uses unsupported features: " + "; ".join(problems) + ".")
+    rope_theta = rope.pop("rope_theta", get("rope_theta", 10000.0))
+    heads = get("num_attention_heads")
+    fields = dict(
+        model_type=model_type,
+        vocab_size=get("vocab_size"),
+        hidden_size=get("hidden_size"),
+        intermediate_size=get("intermediate_size"),
+        num_hidden_layers=get("num_hidden_layers"),
+        num_attention_heads=heads,
+        num_key_value_heads=get("num_key_value_heads") or heads,
+        head_dim=get("head_dim") or (get("hidden_size") // heads if heads else None),
+        rope_theta=float(rope_theta),
+        rope_scaling=rope or None,
+        rms_norm_eps=float(get("rms_norm_eps", 1e-6)),
+        tie_word_embeddings=bool(get("tie_word_embeddings", False)),
+        attention_bias=True if model_type == "qwen2" else bool(get("attention_bias", False)),
+        max_position_embeddings=get("max_position_embeddings", 2048),
+    )
+    fields.update({k: v for k, v in overrides.items() if v is not None})
+    return ModelConfig(**fields)
+
+
+def config_to_hf(cfg: ModelConfig, tokenizer: Any = None) -> Any:
+    """The transformers config (LlamaConfig / Qwen2Config) describing the same architecture."""
+    import transformers
+
+    rope_parameters = {"rope_type": cfg.rope_type, "rope_theta": cfg.rope_theta, **(cfg.rope_scaling or {})}
+    kwargs: dict[str, Any] = dict(
+        vocab_size=cfg.vocab_size,
+        hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.intermediate_size,
+        num_hidden_layers=cfg.num_hidden_layers,
+        num_attention_heads=cfg.num_attention_heads,
+        num_key_value_heads=cfg.num_key_value_heads,
+        head_dim=cfg.head_dim,
+        hidden_act="silu",
+        rms_norm_eps=cfg.rms_norm_eps,
+        tie_word_embeddings=cfg.tie_word_embeddings,
+        max_position_embeddings=cfg.max_position_embeddings,
+        rope_parameters=rope_parameters,
+        dtype=cfg.param_dtype,
+    )
+    if cfg.model_type == "llama":
+        kwargs["attention_bias"] = cfg.attention_bias
+    if tokenizer is not None:
+        eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+        end_of_turn = tokenizer.convert_tokens_to_ids(END_OF_TURN) if END_OF_TURN in tokenizer.get_vocab() else None
+        if end_of_turn is not None and end_of_turn not in eos:
+            eos.append(end_of_turn)  # bmrl's plain format ends a reply with <|end|>: engines stop there too
+        kwargs.update(
+            pad_token_id=tokenizer.pad_token_id,
+            bos_token_id=tokenizer.bos_token_id,
+            eos_token_id=eos[0] if len(eos) == 1 else (eos or None),
+        )
+    config_class = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config}[cfg.model_type]
+    hf_config = config_class(**kwargs)
+    hf_config.architectures = [_ARCHITECTURES[cfg.model_type]]
+    return hf_config
+
+
+def load_config(path: str | os.PathLike, **overrides: Any) -> ModelConfig:
+    """Read `path/config.json` (AutoConfig, local files only, no remote code) into a `ModelConfig`."""
+    path = Path(path)
+    if not path.is_dir():
+        raise CheckpointError(f"Checkpoint directory {str(path)!r} does not exist.")
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        raise CheckpointError(
+            f"{str(path)!r} has no config.json; a Hugging Face model directory needs one (and safetensors weights)."
+        )
+    try:
+        raw = json.loads(config_file.read_text())
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{config_file} is not valid JSON: {e}") from e
+    model_type = raw.get("model_type")
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise CheckpointError(
+            f"{config_file}: model_type {model_type!r} is not supported; supported: {', '.join(SUPPORTED_MODEL_TYPES)}."
+        )
+    from transformers import AutoConfig
+
+    try:
+        hf_config = AutoConfig.from_pretrained(str(path), local_files_only=True, trust_remote_code=False)
+    except Exception as e:  # transformers validates too (e.g. hidden_size vs heads); name the file
+        raise CheckpointError(f"{config_file} is not a valid {model_type} config: {e}") from e
+    try:
+        return config_from_hf(hf_config, **overrides)
+    except ConfigError as e:
+        raise CheckpointError(f"{config_file}: {e}") from e
+
+
+# ---------------------------------------------------------------- tensors
+def _checkpoint_files(path: Path) -> dict[str, Path]:
+    """Tensor name -> safetensors file, from the index when there is one."""
+    index = path / INDEX_FILE
+    if index.is_file():
+        weight_map = json.loads(index.read_text()).get("weight_map")
+        if not isinstance(weight_map, dict):
+            raise CheckpointError(f"{index} has no 'weight_map' dict.")
+        files = {name: path / file for name, file in weight_map.items()}
+        absent = sorted({str(f.name) for f in files.values() if not f.is_file()})
+        if absent:
+            raise CheckpointError(f"{index} names files that are not in {str(path)!r}: {', '.join(absent)}.")
+        return files
+    shards = sorted(path.glob("*.safetensors"))
+    if not shards:
+        raise CheckpointError(
+            f"{str(path)!r} has no *.safetensors weights (pickled .bin checkpoints are not read; "
+            "re-save them with safe_serialization=True)."
+        )
+    files: dict[str, Path] = {}
+    for shard in shards:
+        with safe_open(shard, framework="flax") as f:
+            for name in f.keys():
+                if name in files:
+                    raise CheckpointError(f"Tensor {name!r} is in both {files[name].name} and {shard.name}.")
+                files[name] = shard
+    return files
+
+
+def _group_by_file(names: list[str], files: dict[str, Path]) -> Iterator[tuple[Path, list[str]]]:
+    by_file: dict[Path, list[str]] = {}
+    for name in names:
+        by_file.setdefault(files[name], []).append(name)
+    yield from by_file.items()
+
+
+def _check_tensors(cfg: ModelConfig, files: dict[str, Path], path: Path) -> list[str]:
+    """Compare names and shapes with the config; return the names to load or raise listing problems."""
+    specs = tensor_specs(cfg)
+    shapes: dict[str, tuple[int, ...]] = {}
+    for file, names in _group_by_file(list(files), files):
+        with safe_open(file, framework="flax") as f:
+            present = set(f.keys())
+            for name in names:
+                if name not in present:
+                    raise CheckpointError(f"{INDEX_FILE} maps {name!r} to {file.name}, which does not hold it.")
+                shapes[name] = tuple(f.get_slice(name).get_shape())
+    missing = [f"{n} {specs[n][1]}" for n in specs if n not in shapes]
+    unexpected, misshaped = [], []
+    for name, shape in shapes.items():
+        if name.endswith(_IGNORED_SUFFIXES):
+            continue
+        if name == "lm_head.weight" and cfg.tie_word_embeddings:
+            expected = (cfg.vocab_size, cfg.hidden_size)  # a redundant copy of the tied embedding
+        elif name in specs:
+            expected = specs[name][1]
+        else:
+            unexpected.append(f"{name} {shape}")
+            continue
+        if shape != expected:
+            misshaped.append(f"{name}: checkpoint {shape}, config expects {expected}")
+    problems = []
+    if missing:
+        problems.append(f"missing tensors: {', '.join(missing)}")
+    if unexpected:
+        problems.append(f"unexpected tensors: {', '.join(unexpected)}")
+    if misshaped:
+        problems.append(f"mis-shaped tensors: {'; '.join(misshaped)}")
+    if problems:
+        raise CheckpointError(
+            f"Checkpoint {str(path)!r} does not match its config.json ({cfg.model_type}, "
+            f"{cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}): " + ". ".join(problems) + "."
+        )
+    return list(specs)
+
+
+def load_model(path: str | os.PathLike, cfg: ModelConfig) -> Decoder:
+    """Build a `Decoder` for `cfg` holding the safetensors weights in `path` (checked first)."""
+    path = Path(path)
+    files = _checkpoint_files(path)
+    names = _check_tensors(cfg, files, path)
+    specs = tensor_specs(cfg)
+    abstract = nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(0)))
+    graphdef, abstract_state = nnx.split(abstract)
+    expected_paths = {p for p, _ in nnx.to_flat_state(abstract_state)}
+    assert expected_paths == {specs[n][0] for n in names}, "tensor_specs out of sync with Decoder"
+    values: dict[tuple, jax.Array] = {}
+    for file, group in _group_by_file(names, files):
+        with safe_open(file, framework="flax") as f:
+            for name in group:
+                nnx_path, _, transposed = specs[name]
+                tensor = f.get_tensor(name)
+                values[nnx_path] = jnp.asarray(tensor.T if transposed else tensor, cfg.jnp_param_dtype)
+    return nnx.merge(graphdef, nnx.from_flat_state(values))
+
+
+def from_pretrained(
+    path: str | os.PathLike,
+    *,
+    dtype: Any = None,
+    param_dtype: Any = None,
+) -> tuple[Decoder, Any]:
+    """Load `(model, tokenizer)` from a local Hugging Face directory.
+
+    Reads config.json (llama / qwen2), one or several safetensors files (`model.safetensors` or the
+    shards named by `model.safetensors.index.json`, bf16 included) and the tokenizer when its files
+    are present (else tokenizer is None). `param_dtype` / `dtype` (default float32) set storage and
+    compute dtypes. Never touches the network. Raises `CheckpointError` on any inconsistency,
+    before a model is returned.
+    """
+    path = Path(path)
+    cfg = load_config(path, dtype=dtype, param_dtype=param_dtype)
+    model = load_model(path, cfg)
+    tokenizer = None
+    if any((path / name).is_file() for name in TOKENIZER_FILES):
+        try:
+            tokenizer = load_tokenizer(path)
+        except Exception as e:
+            raise CheckpointError(f"Tokenizer files in {str(path)!r} could not be loaded: {e}") from e
+    return model, tokenizer
+
+
+# ---------------------------------------------------------------- export
+def save_pretrained(
+    model: Decoder,
+    tokenizer: Any,
+    path: str | os.PathLike,
+    *,
+    max_shard_bytes: int | None = None,
+) -> None:
+    """Write config.json + safetensors (+ tokenizer files when `tokenizer` is not None) that
+    `transformers.AutoModelForCausalLM.from_pretrained(path)` loads.
+
+    Weights keep their dtype. With `max_shard_bytes`, tensors are split over several files named by
+    `model.safetensors.index.json`. Earlier model*.safetensors files in `path` are removed first.
+    """
+    cfg: ModelConfig = model.config
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    for old in [*path.glob("model*.safetensors"), path / INDEX_FILE]:
+        old.unlink(missing_ok=True)
+    config_to_hf(cfg, tokenizer).save_pretrained(str(path))
+
+    state = dict(nnx.to_flat_state(nnx.state(model, nnx.Param)))
+    tensors = {}
+    for name, (nnx_path, _, transposed) in tensor_specs(cfg).items():
+        value = np.asarray(jax.device_get(state[nnx_path][...]))
+        tensors[name] = np.ascontiguousarray(value.T if transposed else value)
+
+    shards: list[dict[str, np.ndarray]] = [{}]
+    size = 0
+    for name, value in tensors.items():
+        if max_shard_bytes and shards[-1] and size + value.nbytes > max_shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][name] = value
+        size += value.nbytes
+    metadata = {"format": "pt"}
+    if len(shards) == 1:
+        save_file(shards[0], str(path / SINGLE_FILE), metadata=metadata)
+    else:
+        weight_map = {}
+        for i, shard in enumerate(shards, 1):
+            file = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+            save_file(shard, str(path / file), metadata=metadata)
+            weight_map.update({name: file for name in shard})
+        index = {"metadata": {"total_size": sum(v.nbytes for v in tensors.values())}, "weight_map": weight_map}
+        (path / INDEX_FILE).write_text(json.dumps(index, indent=2))
+    if tokenizer is not None:
+        tokenizer.save_pretrained(str(path))

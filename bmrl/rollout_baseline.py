@@ -1,0 +1,185 @@
+"""The Python-driven rollout, as Python-loop RL stacks do it: the correctness oracle and baseline.
+
+The same model and sampling as `bmrl.rollout`, but turns are driven from Python: each turn a jitted
+`generate` re-prefills the whole context into a fresh KV cache and decodes one reply per sequence,
+then the host parses the replies, steps the environments (jitted, vmapped) and appends the next
+observation to each context. Same keys, same forced-stop rule, so greedy output is token-identical.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from bmrl.envs.base import INVALID, Env
+from bmrl.formats import Format
+from bmrl.rollout import RolloutConfig, Trajectory, check_caps, check_config, default_format, row_keys
+from bmrl.sampling import sample
+
+
+def _make_generate(graphdef: nnx.GraphDef, fmt: Format, cfg: RolloutConfig):
+    """generate(params, context [B,L], lengths [B], active [B], tok_keys [B], t) -> reply arrays."""
+    L, R = cfg.max_len, cfg.max_reply_tokens
+    stop_ids = jnp.asarray(fmt.stop_ids, jnp.int32)
+
+    @jax.jit
+    def generate(params, context, lengths, active, tok_keys, t):
+        model = nnx.merge(graphdef, params)
+        batch = context.shape[0]
+        cache = model.init_cache(batch, L)
+        n = jnp.where(active, lengths, 0)
+        logits, cache = model.extend(context, n, jnp.zeros((batch,), jnp.int32), cache, last_only=True)
+        next_logits = logits[:, 0]
+        reply = jnp.full((batch, R), fmt.pad_id, jnp.int32)
+        logp = jnp.zeros((batch, R), jnp.float32)
+        sampled_mask = jnp.zeros((batch, R), bool)
+
+        def body(i, s):
+            cache, next_logits, pos, decoding, reply, logp, sampled_mask = s
+            keys = jax.vmap(lambda k: jax.random.fold_in(jax.random.fold_in(k, t), i))(tok_keys)
+            tok, lp = sample(keys, next_logits, cfg.sampling)
+            is_stop = jnp.isin(tok, stop_ids)
+            forced = decoding & ~is_stop & (i == R - 1)
+            tok = jnp.where(forced, stop_ids[0], tok)
+            sampled = decoding & ~forced
+            reply = reply.at[:, i].set(jnp.where(decoding, tok, reply[:, i]))
+            logp = logp.at[:, i].set(jnp.where(sampled, lp, 0.0))
+            sampled_mask = sampled_mask.at[:, i].set(sampled)
+            cont = decoding & ~is_stop & ~forced
+            lg, cache = model.extend(tok[:, None], cont.astype(jnp.int32), pos, cache)
+            next_logits = jnp.where(cont[:, None], lg[:, 0], next_logits)
+            return cache, next_logits, pos + cont, cont, reply, logp, sampled_mask
+
+        s = (cache, next_logits, n, active, reply, logp, sampled_mask)
+        _, _, _, _, reply, logp, sampled_mask = jax.lax.fori_loop(0, R, body, s)
+        is_stop = jnp.isin(reply, stop_ids) & (jnp.cumsum(jnp.isin(reply, stop_ids), axis=1) == 1)
+        reply_len = jnp.where(active, jnp.argmax(is_stop, axis=1) + 1, 0)
+        return reply, reply_len, logp, sampled_mask
+
+    return generate
+
+
+@functools.lru_cache(maxsize=16)
+def _jitted_env(env: Env):
+    return (
+        jax.jit(jax.vmap(env.reset)),
+        jax.jit(jax.vmap(env.step)),
+        jax.jit(jax.vmap(env.parse_action)),
+    )
+
+
+def python_loop_rollout(
+    policy: nnx.Module,
+    env: Env,
+    tasks: Any,
+    caps: Any,
+    key: jax.Array,
+    cfg: RolloutConfig,
+    fmt: Format | None = None,
+) -> Trajectory:
+    """Same contract as `bmrl.rollout.rollout`, driven turn by turn from Python."""
+    fmt = fmt or default_format(env)
+    caps = np.asarray(caps, np.int32)
+    check_caps(caps, cfg)
+    check_config(env, fmt, cfg, int(caps.min()) if caps.size else 1)
+    L, R, Tm, A = cfg.max_len, cfg.max_reply_tokens, cfg.max_turns, env.max_action_len
+    graphdef, params = nnx.split(policy)
+    generate = _make_generate(graphdef, fmt, cfg)
+    reset, step, parse = _jitted_env(env)
+    batch = caps.shape[0]
+    keys = row_keys(key, batch)
+    env_keys = jax.vmap(lambda k: jax.random.fold_in(k, 0))(keys)
+    tok_keys = jax.vmap(lambda k: jax.random.fold_in(k, 1))(keys)
+
+    env_state, obs = reset(env_keys, tasks, jnp.asarray(caps))
+    obs_tokens, obs_len = np.asarray(obs.tokens), np.asarray(obs.length)
+    ctx = [list(fmt.prefix) + list(fmt.obs_open) + list(obs_tokens[b, : obs_len[b]]) + list(fmt.obs_close) for b in range(batch)]
+    turn_ids = [[-1] * len(fmt.prefix) + [0] * (len(ctx[b]) - len(fmt.prefix)) for b in range(batch)]
+    mask = [[0.0] * len(ctx[b]) for b in range(batch)]
+    logps = [[0.0] * len(ctx[b]) for b in range(batch)]
+
+    out = {
+        "action": np.full((batch, Tm), INVALID, np.int32), "reward": np.zeros((batch, Tm), np.float32),
+        "error": np.zeros((batch, Tm), bool), "invalid": np.zeros((batch, Tm), bool),
+        "oracle_action": np.full((batch, Tm), INVALID, np.int32), "progress": np.zeros((batch, Tm + 1), np.float32),
+        "turn_active": np.zeros((batch, Tm), bool),
+    }
+    turns_used = np.zeros(batch, np.int32)
+    success = np.zeros(batch, bool)
+    first = np.zeros(batch, np.int32)
+    terminated = np.zeros(batch, bool)
+    overflow = np.zeros(batch, bool)
+    active = np.ones(batch, bool)
+    t = 0
+    while active.any() and t < Tm:
+        context = np.full((batch, L), fmt.pad_id, np.int32)
+        lengths = np.zeros(batch, np.int32)
+        for b in range(batch):
+            context[b, : len(ctx[b])] = ctx[b]
+            lengths[b] = len(ctx[b])
+        reply, reply_len, lp, sampled = map(np.asarray, generate(params, context, lengths, active, tok_keys, t))
+        action_tokens = np.full((batch, max(A, 1)), fmt.pad_id, np.int32)
+        content_len = reply_len - 1
+        for b in np.flatnonzero(active):
+            k = min(content_len[b], A)
+            action_tokens[b, :k] = reply[b, :k]
+            ctx[b] += list(reply[b, : reply_len[b]])
+            turn_ids[b] += [t] * reply_len[b]
+            mask[b] += list(sampled[b, : reply_len[b]].astype(np.float32))
+            logps[b] += list(lp[b, : reply_len[b]])
+        act = np.asarray(parse(action_tokens, np.minimum(content_len, A)))
+        act = np.where(content_len > A, INVALID, act).astype(np.int32)
+
+        step_keys = jax.vmap(lambda k: jax.random.fold_in(k, t + 1))(env_keys)
+        new_state, new_obs, reward, term, info = step(step_keys, env_state, jnp.asarray(act), jnp.asarray(caps - (t + 1)))
+        sel = jnp.asarray(active)
+        env_state = jax.tree.map(lambda a, b: jnp.where(sel.reshape(sel.shape + (1,) * (a.ndim - 1)), a, b), new_state, env_state)
+        reward, term = np.asarray(reward), np.asarray(term)
+        info = jax.tree.map(np.asarray, info)
+        for name, value in (("action", act), ("reward", reward), ("error", info.error), ("invalid", info.invalid),
+                            ("oracle_action", info.oracle_action), ("turn_active", active)):
+            out[name][:, t] = np.where(active, value, out[name][:, t])
+        out["progress"][:, t + 1] = np.where(active, info.progress, out["progress"][:, t])
+        won = active & info.success
+        first = np.where(won & ~success, t + 1, first)
+        success |= won
+        terminated |= active & term
+        turns_used += active
+        nxt = active & ~term & ~won & (t + 1 < caps)
+        obs_tokens, obs_len = np.asarray(new_obs.tokens), np.asarray(new_obs.length)
+        for b in np.flatnonzero(nxt):
+            chunk = list(fmt.reply_close) + list(fmt.obs_open) + list(obs_tokens[b, : obs_len[b]]) + list(fmt.obs_close)
+            if len(ctx[b]) + len(chunk) + R > L:
+                overflow[b] = True
+                nxt[b] = False
+                continue
+            ctx[b] += chunk
+            turn_ids[b] += [t + 1] * len(chunk)
+            mask[b] += [0.0] * len(chunk)
+            logps[b] += [0.0] * len(chunk)
+        active = nxt
+        t += 1
+
+    def padded(rows, fill, dtype):
+        arr = np.full((batch, L), fill, dtype)
+        for b, r in enumerate(rows):
+            arr[b, : len(r)] = r
+        return arr
+
+    return Trajectory(
+        tokens=jnp.asarray(padded(ctx, fmt.pad_id, np.int32)),
+        length=jnp.asarray([len(r) for r in ctx], jnp.int32),
+        loss_mask=jnp.asarray(padded(mask, 0.0, np.float32)),
+        logprobs=jnp.asarray(padded(logps, 0.0, np.float32)),
+        turn_of_token=jnp.asarray(padded(turn_ids, -1, np.int32)),
+        **{k: jnp.asarray(v) for k, v in out.items()},
+        caps=jnp.asarray(caps), turns_used=jnp.asarray(turns_used), success=jnp.asarray(success),
+        first_success_turn=jnp.asarray(first), terminated=jnp.asarray(terminated | success),
+        truncated=jnp.asarray(~terminated & ~success & ~overflow & (turns_used >= caps)),
+        overflow=jnp.asarray(overflow),
+    )

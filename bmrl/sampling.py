@@ -1,0 +1,70 @@
+"""Next-token sampling: greedy, temperature, top-k and top-p, one PRNG key per sequence."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingConfig:
+    """temperature 0 means greedy; top_k 0 and top_p 1.0 disable those filters."""
+
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}.")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}.")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1] (1 = off), got {self.top_p}.")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+def policy_logprobs(logits: jax.Array, cfg: SamplingConfig) -> jax.Array:
+    """Log-probabilities of the policy being trained: log_softmax(logits / temperature).
+
+    Greedy decoding reports the temperature-1 policy. Top-k/top-p only filter what is sampled;
+    the recorded log-probabilities are those of the unfiltered policy, as the learner computes them.
+    """
+    t = 1.0 if cfg.greedy else cfg.temperature
+    return jax.nn.log_softmax(logits.astype(jnp.float32) / t, axis=-1)
+
+
+def _filter(logits: jax.Array, cfg: SamplingConfig) -> jax.Array:
+    """logits: [vocab] -> logits with tokens outside top-k / top-p set to -inf."""
+    neg = jnp.finfo(logits.dtype).min
+    if cfg.top_k:
+        kth = jax.lax.top_k(logits, cfg.top_k)[0][-1]
+        logits = jnp.where(logits < kth, neg, logits)
+    if cfg.top_p < 1.0:
+        order = jnp.argsort(-logits)
+        sorted_logits = logits[order]
+        probs = jax.nn.softmax(sorted_logits)
+        # Keep the smallest prefix whose mass reaches top_p (the first token always stays).
+        keep_sorted = (jnp.cumsum(probs) - probs) < cfg.top_p
+        keep = jnp.zeros_like(keep_sorted).at[order].set(keep_sorted)
+        logits = jnp.where(keep, logits, neg)
+    return logits
+
+
+def sample(keys: jax.Array, logits: jax.Array, cfg: SamplingConfig) -> tuple[jax.Array, jax.Array]:
+    """keys: [batch] PRNG keys, logits: [batch, vocab] -> (tokens int32[batch], logprobs f32[batch]).
+
+    Each row uses only its own key, so a sequence's samples do not depend on its batch neighbours.
+    """
+    logp = policy_logprobs(logits, cfg)
+    if cfg.greedy:
+        tokens = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    else:
+        filtered = jax.vmap(lambda lg: _filter(lg, cfg))(logp)
+        tokens = jax.vmap(jax.random.categorical)(keys, filtered).astype(jnp.int32)
+    return tokens, jnp.take_along_axis(logp, tokens[:, None], axis=-1)[:, 0]

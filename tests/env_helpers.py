@@ -1,0 +1,54 @@
+"""Shared helpers of the environment tests: a tiny tokenizer trained once per process, checks."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bmrl.envs import corpus, make
+from bmrl.model.tokenizer import train_tiny_tokenizer
+
+MY_ENVS = ("corridor", "frozenlake", "toolchain")
+# Small, fast configurations with every kind of error switched on.
+NOISY_OPTIONS = {
+    "corridor": {"length": 6, "eps": 0.3},
+    "frozenlake": {"size": 5, "p_hole": 0.25, "eps": 0.2},
+    "toolchain": {"k": 3, "p_fail": 0.3},
+}
+
+
+@functools.lru_cache(maxsize=None)
+def tiny_tokenizer():
+    """A 448-token byte-level BPE trained on the environments' corpus (once per test process)."""
+    return train_tiny_tokenizer(corpus(list(MY_ENVS), observations=False), vocab_size=448)
+
+
+@functools.lru_cache(maxsize=None)
+def cached_env(name: str, **options):
+    return make(name, tiny_tokenizer(), **options)
+
+
+def env_with(name: str, **options):
+    return cached_env(name, **dict(sorted(options.items())))
+
+
+def assert_roundtrip(env, obs) -> None:
+    """Observation tokens decode and re-encode to themselves; padding after `length` is pad."""
+    tok = env.tokenizer
+    tokens = np.asarray(obs.tokens)
+    n = int(obs.length)
+    assert 0 < n <= env.max_obs_len == tokens.shape[-1]
+    ids = tokens[:n].tolist()
+    assert tok.encode(tok.decode(ids), add_special_tokens=False) == ids, tok.decode(ids)
+    assert (tokens[n:] == env.fragments.pad).all()
+
+
+def batched(tree, i):
+    return jax.tree.map(lambda x: x[i], tree)
+
+
+def seeds_task(n: int, offset: int = 0):
+    return {"seed": jnp.arange(offset, offset + n, dtype=jnp.int32)}

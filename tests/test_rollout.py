@@ -1,0 +1,220 @@
+"""The compiled multi-turn rollout: equality with the Python loop, caps, compiles, keys, overflow."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from bmrl import budget
+from bmrl.envs import ENVS, make
+from bmrl.rollout import RolloutConfig, RolloutError, default_format, rollout
+from bmrl.rollout_baseline import python_loop_rollout
+from bmrl.sampling import SamplingConfig
+from tests.rollout_helpers import steered_policy
+
+ENV_OPTIONS = {
+    "corridor": dict(length=4, eps=0.3),
+    "frozenlake": dict(size=4, eps=0.2),
+    "toolchain": dict(k=2, num_keys=8, p_fail=0.3),
+    "sokoban": dict(size=5, boxes=1),
+}
+FIELDS = (
+    "tokens", "length", "loss_mask", "turn_of_token", "action", "reward", "error", "invalid",
+    "oracle_action", "progress", "turn_active", "caps", "turns_used", "success",
+    "first_success_turn", "terminated", "truncated", "overflow",
+)
+
+
+def _env(name, tok, **extra):
+    try:
+        return make(name, tok, **ENV_OPTIONS[name], **extra)
+    except ValueError as e:  # an env module not in this checkout yet
+        pytest.skip(str(e))
+
+
+def _cfg(max_turns=8, max_len=768, temperature=0.0, reply=6):
+    return RolloutConfig(max_turns=max_turns, max_reply_tokens=reply, max_len=max_len,
+                         sampling=SamplingConfig(temperature=temperature))
+
+
+def _assert_same(a, b):
+    for f in FIELDS:
+        np.testing.assert_array_equal(np.asarray(getattr(a, f)), np.asarray(getattr(b, f)), err_msg=f)
+    np.testing.assert_allclose(np.asarray(a.logprobs), np.asarray(b.logprobs), atol=1e-4)
+
+
+@pytest.mark.parametrize(
+    "name, temperature",
+    [(n, 0.0) for n in sorted(ENVS)] + [("corridor", 1.0), ("toolchain", 1.0)],
+    ids=lambda v: {0.0: "greedy", 1.0: "sampled"}.get(v, v) if isinstance(v, float) else v,
+)
+def test_rollout_equals_python_loop(name, temperature, tiny_tokenizer):
+    """Token for token, with the same per-row keys: greedy and sampled replies alike."""
+    env = _env(name, tiny_tokenizer)
+    policy = steered_policy(env, default_format(env), seed=1, scale=3.0 if temperature else 12.0)
+    caps = jnp.array([1, 3, 6, 5, 2, 6, 6, 4], jnp.int32)
+    tasks = {"seed": jnp.arange(8, dtype=jnp.int32) + 100}
+    cfg = _cfg(max_turns=6, max_len=512, temperature=temperature)
+    a = rollout(policy, env, tasks, caps, jax.random.key(3), cfg)
+    b = python_loop_rollout(policy, env, tasks, caps, jax.random.key(3), cfg)
+    _assert_same(a, b)
+    # The steered policy really acts: valid actions step the environment; sampling varies them.
+    actions = np.asarray(a.action)[np.asarray(a.turn_active)]
+    assert (actions >= 0).any(), actions
+    if temperature:
+        assert len(set(actions.tolist())) > 1, actions
+
+
+def test_caps_hold_exactly(tiny_tokenizer):
+    env = _env("corridor", tiny_tokenizer, show_budget=True)
+    policy = steered_policy(env, default_format(env), seed=3, scale=3.0)
+    cfg = _cfg(max_turns=12, max_len=1024, temperature=1.0)
+    batch = 64
+    caps = budget.mix([2, 5, 12], [0.3, 0.3, 0.4]).sample(jax.random.key(0), batch, group_size=8)
+    tasks = {"seed": jnp.arange(batch, dtype=jnp.int32)}
+    tr = jax.tree.map(np.asarray, rollout(policy, env, tasks, caps, jax.random.key(1), cfg))
+    assert np.all(tr.turns_used <= tr.caps)
+    assert np.all(tr.turn_active.sum(1) == tr.turns_used)
+    # No token of a turn at or past the cap; no policy token outside acted turns.
+    assert np.all(tr.turn_of_token < tr.caps[:, None])
+    for b in range(batch):
+        assert np.all(tr.turn_active[b, : tr.turns_used[b]]) and not tr.turn_active[b, tr.turns_used[b]:].any()
+    # Early success stops early; otherwise the cap (or the buffer) stopped the sequence.
+    won = tr.success
+    assert won.any() and (~won).any()
+    np.testing.assert_array_equal(tr.turns_used[won], tr.first_success_turn[won])
+    assert np.all(tr.truncated[~won & ~tr.overflow] == (tr.turns_used[~won & ~tr.overflow] == tr.caps[~won & ~tr.overflow]))
+    assert not tr.truncated[won].any()
+    # The loss mask marks sampled tokens only, all inside acted turns.
+    assert np.all(tr.turn_of_token[tr.loss_mask > 0] >= 0)
+    assert np.all(tr.logprobs[tr.loss_mask == 0] == 0)
+
+
+def test_one_compile_across_budgets(tiny_tokenizer):
+    env = _env("corridor", tiny_tokenizer)
+    policy = steered_policy(env, default_format(env), seed=4, scale=3.0)
+    cfg = _cfg(max_turns=16, max_len=1024, temperature=1.0)
+    from bmrl.rollout import _cached_rollout
+    from flax import nnx
+
+    graphdef, _ = nnx.split(policy)
+    run = _cached_rollout(graphdef, env, default_format(env), cfg)
+    before = run.trace_count()
+    tasks = {"seed": jnp.arange(16, dtype=jnp.int32)}
+    samplers = [budget.fixed(3), budget.fixed(16), budget.mix([2, 8, 16], [0.2, 0.3, 0.5]),
+                budget.uniform(1, 16), budget.mix([4, 12])]
+    used = []
+    for i, b in enumerate(samplers):
+        caps = b.sample(jax.random.key(i), 16, group_size=4, share_in_group=i % 2 == 0)
+        tr = rollout(policy, env, tasks, caps, jax.random.key(10 + i), cfg)
+        used.append(np.asarray(tr.turns_used))
+    assert run.trace_count() - before <= 1, "the rollout recompiled for new caps"
+    assert len({u.tobytes() for u in used}) > 1
+
+
+def test_same_key_same_trajectory_and_neighbours_do_not_matter(tiny_tokenizer):
+    env = _env("frozenlake", tiny_tokenizer)
+    policy = steered_policy(env, default_format(env), seed=5, scale=3.0)
+    cfg = _cfg()
+    keys = jax.random.split(jax.random.key(7), 8)
+    tasks = {"seed": jnp.arange(8, dtype=jnp.int32)}
+    caps = jnp.full((8,), 8, jnp.int32)
+    a = rollout(policy, env, tasks, caps, keys, cfg)
+    b = rollout(policy, env, tasks, caps, keys, cfg)
+    _assert_same(a, b)
+    # Different neighbours (tasks, caps, keys of rows 1..7): row 0 is unchanged.
+    tasks2 = {"seed": jnp.arange(8, dtype=jnp.int32).at[1:].add(50)}
+    caps2 = caps.at[1:].set(3)
+    keys2 = keys.at[1:].set(jax.random.split(jax.random.key(99), 7))
+    c = rollout(policy, env, tasks2, caps2, keys2, cfg)
+    for f in FIELDS:
+        np.testing.assert_array_equal(np.asarray(getattr(a, f))[0], np.asarray(getattr(c, f))[0], err_msg=f)
+
+
+def test_group_members_sample_differently(tiny_tokenizer):
+    env = _env("corridor", tiny_tokenizer)
+    policy = steered_policy(env, default_format(env), seed=6, scale=3.0)
+    cfg = _cfg(temperature=1.0)
+    tasks = {"seed": jnp.repeat(jnp.arange(2, dtype=jnp.int32), 8)}
+    tr = rollout(policy, env, tasks, jnp.full((16,), 4, jnp.int32), jax.random.key(0), cfg)
+    tokens = np.asarray(tr.tokens).reshape(2, 8, -1)
+    for g in range(2):
+        assert len({row.tobytes() for row in tokens[g]}) > 1
+
+
+def test_overflow_is_flagged_and_corrupts_nothing(tiny_tokenizer):
+    env = _env("corridor", tiny_tokenizer)
+    policy = steered_policy(env, default_format(env), seed=7)
+    fmt = default_format(env)
+    small = fmt.tokens_needed(2, env.max_obs_len, 6)
+    tasks = {"seed": jnp.arange(4, dtype=jnp.int32)}
+    caps = jnp.array([2, 8, 8, 8], jnp.int32)
+    tight = rollout(policy, env, tasks, caps, jax.random.key(0), _cfg(max_len=small))
+    roomy = rollout(policy, env, tasks, caps, jax.random.key(0), _cfg(max_len=2048))
+    t, r = jax.tree.map(np.asarray, tight), jax.tree.map(np.asarray, roomy)
+    assert t.length.max() <= small
+    stopped = t.turns_used < r.turns_used
+    assert stopped.any()
+    np.testing.assert_array_equal(t.overflow, stopped)
+    assert not t.truncated[t.overflow].any()
+    for b in range(4):  # what the tight run holds is exactly the start of the roomy run
+        n = t.length[b]
+        np.testing.assert_array_equal(t.tokens[b, :n], r.tokens[b, :n])
+        np.testing.assert_array_equal(t.loss_mask[b, :n], r.loss_mask[b, :n])
+
+
+def test_bad_inputs_are_refused(tiny_tokenizer):
+    env = _env("corridor", tiny_tokenizer)
+    policy = steered_policy(env, default_format(env))
+    tasks = {"seed": jnp.arange(2, dtype=jnp.int32)}
+    key = jax.random.key(0)
+    with pytest.raises(RolloutError, match=r"in \[1, max_turns=8\]"):
+        rollout(policy, env, tasks, jnp.array([3, 9]), key, _cfg())
+    with pytest.raises(RolloutError, match=r"in \[1, max_turns=8\]"):
+        rollout(policy, env, tasks, jnp.array([0, 2]), key, _cfg())
+    with pytest.raises(RolloutError, match="cannot hold even the smallest budget.*need up to"):
+        rollout(policy, env, tasks, jnp.array([4, 4]), key, _cfg(max_len=64))
+    with pytest.raises(RolloutError, match="max_reply_tokens=1 cannot hold"):
+        rollout(policy, env, tasks, jnp.array([4, 4]), key, _cfg(reply=1))
+    with pytest.raises(RolloutError, match="must be >= 1"):
+        RolloutConfig(max_turns=0, max_reply_tokens=4, max_len=128)
+
+
+def test_sharded_rollout_matches_single_device(tmp_path):
+    """8 simulated CPU devices (data x tensor mesh) give the same greedy tokens as one device."""
+    script = textwrap.dedent(
+        """
+        import jax, jax.numpy as jnp, numpy as np
+        from bmrl.envs import corpus, make
+        from bmrl.model.tokenizer import train_tiny_tokenizer
+        from bmrl.parallel import MeshConfig, make_mesh, shard_batch, shard_model
+        from bmrl.rollout import RolloutConfig, default_format, rollout
+        from bmrl.sampling import SamplingConfig
+        from tests.rollout_helpers import steered_policy
+        assert jax.device_count() == 8, jax.devices()
+        tok = train_tiny_tokenizer(corpus(["corridor"], observations=False), 384)
+        env = make("corridor", tok, length=4, eps=0.3)
+        policy = steered_policy(env, default_format(env), seed=1)
+        cfg = RolloutConfig(max_turns=6, max_reply_tokens=6, max_len=512, sampling=SamplingConfig(0.0))
+        tasks = {"seed": jnp.arange(16, dtype=jnp.int32)}
+        caps = jnp.array([1, 2, 3, 4, 5, 6, 6, 5] * 2, jnp.int32)
+        one = rollout(policy, env, tasks, caps, jax.random.key(0), cfg)
+        mesh = make_mesh(MeshConfig(data=4, fsdp=1, tensor=2))
+        sharded_policy = shard_model(policy, mesh)
+        sh_tasks, sh_caps = shard_batch((tasks, caps), mesh)
+        many = rollout(sharded_policy, env, sh_tasks, sh_caps, jax.random.key(0), cfg)
+        assert len(many.tokens.sharding.device_set) == 8, many.tokens.sharding
+        for f in ("tokens", "length", "action", "turns_used", "success"):
+            np.testing.assert_array_equal(np.asarray(getattr(one, f)), np.asarray(getattr(many, f)), err_msg=f)
+        print("SHARDED_OK")
+        """
+    )
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run([sys.executable, "-c", script], env=env, cwd=root, capture_output=True, text=True, timeout=600)
+    assert "SHARDED_OK" in out.stdout, out.stdout[-2000:] + out.stderr[-4000:]
