@@ -43,7 +43,9 @@ class Trajectory:
     action: jax.Array  # int32[B, Tm]: parsed action id (INVALID = -1); -1 where inactive
     reward: jax.Array  # float32[B, Tm]
     error: jax.Array  # bool[B, Tm]
-    invalid: jax.Array  # bool[B, Tm]
+    invalid: jax.Array  # bool[B, Tm]: the reply did not parse to an action
+    format_error: jax.Array  # bool[B, Tm]: the reply broke the reply format (no parsable answer)
+    injected: jax.Array  # bool[B, Tm]: the action was replaced by a forced wrong one (error injection)
     oracle_action: jax.Array  # int32[B, Tm]: best action in the state before the turn
     progress: jax.Array  # float32[B, Tm + 1]: index 0 after reset, t + 1 after turn t
     turn_active: jax.Array  # bool[B, Tm]: the sequence acted at turn t
@@ -75,11 +77,32 @@ class RolloutConfig:
     max_reply_tokens: int
     max_len: int
     sampling: SamplingConfig = SamplingConfig()
+    format_reward: float = 0.0  # added to a turn's reward when its reply breaks the format (< 0 penalises)
 
     def __post_init__(self) -> None:
         for name in ("max_turns", "max_reply_tokens", "max_len"):
             if getattr(self, name) < 1:
                 raise RolloutError(f"RolloutConfig.{name} must be >= 1, got {getattr(self, name)}.")
+
+
+@struct.dataclass
+class Injection:
+    """Controlled error injection: at turns where `turns[t]`, with probability `prob`, the parsed
+    action is replaced by a uniformly random wrong one (not the oracle's). Data, not shapes."""
+
+    prob: jax.Array  # float32[]
+    turns: jax.Array  # bool[Tm]
+
+    @classmethod
+    def none(cls, max_turns: int) -> "Injection":
+        return cls(prob=jnp.float32(0.0), turns=jnp.zeros((max_turns,), bool))
+
+    @classmethod
+    def at(cls, max_turns: int, turns, prob: float) -> "Injection":
+        """Inject with probability `prob` at the 0-based turns listed in `turns`."""
+        mask = np.zeros((max_turns,), bool)
+        mask[list(turns)] = True
+        return cls(prob=jnp.float32(prob), turns=jnp.asarray(mask))
 
 
 @functools.lru_cache(maxsize=None)
@@ -90,11 +113,12 @@ def default_format(env: Env) -> Format:
 
 def check_config(env: Env, fmt: Format, cfg: RolloutConfig, min_cap: int) -> None:
     """Refuse, with the numbers, a configuration that cannot run even the smallest budget."""
-    need_reply = env.max_action_len + 1
+    need_reply = fmt.min_reply_tokens(env.max_action_len)
     if cfg.max_reply_tokens < need_reply:
         raise RolloutError(
             f"max_reply_tokens={cfg.max_reply_tokens} cannot hold the longest action of {env.name} "
-            f"({env.max_action_len} tokens) plus its stop token; set max_reply_tokens >= {need_reply}."
+            f"({env.max_action_len} tokens) in the {fmt.reply_format!r} reply format with its stop token; "
+            f"set max_reply_tokens >= {need_reply}."
         )
     need = fmt.tokens_needed(min_cap, env.max_obs_len, cfg.max_reply_tokens)
     if need > cfg.max_len:
@@ -129,6 +153,22 @@ def row_keys(key: jax.Array, batch: int) -> jax.Array:
             raise RolloutError(f"Got {key.shape[0]} per-row keys for a batch of {batch}.")
         return key
     return jax.random.split(key, batch)
+
+
+def parse_replies(env: Env, fmt: Format, reply: jax.Array, reply_len: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """reply: int32[B, R] (stop token removed, padded), reply_len: [B] -> (action ids [B], format_ok [B]).
+
+    The format extracts each reply's answer span; the environment matches it against its action
+    table. An answer longer than every action, or a reply that breaks the format, is INVALID.
+    """
+    width = max(env.max_action_len, 1)
+    answer, answer_len, format_ok = jax.vmap(fmt.extract_answer)(reply, reply_len)
+    answer = answer[:, :width]
+    if answer.shape[1] < width:
+        answer = jnp.pad(answer, ((0, 0), (0, width - answer.shape[1])), constant_values=fmt.pad_id)
+    act = jax.vmap(env.parse_action)(answer, jnp.minimum(answer_len, width))
+    act = jnp.where((answer_len > env.max_action_len) | ~format_ok, INVALID, act)
+    return act.astype(jnp.int32), format_ok
 
 
 def _assemble(segments: list[tuple[jax.Array, jax.Array]], width: int, pad: int) -> tuple[jax.Array, jax.Array]:
@@ -177,14 +217,13 @@ def _select(mask: jax.Array, new: Any, old: Any) -> Any:
 
 
 def make_rollout(graphdef: nnx.GraphDef, env: Env, fmt: Format, cfg: RolloutConfig):
-    """Build the jitted rollout `run(params, tasks, caps, key) -> Trajectory`.
+    """Build the jitted rollout `run(params, tasks, caps, key, inject) -> Trajectory`.
 
     `params` is the state half of `nnx.split(policy)`; tasks are a pytree with leading axis B;
     `caps: int32[B]` the per-sequence turn caps (traced: any caps, one compile per batch shape).
     `run.trace_count()` tells how many times it was traced (compiled).
     """
     L, R, Tm = cfg.max_len, cfg.max_reply_tokens, cfg.max_turns
-    A = env.max_action_len
     stop_ids = jnp.asarray(fmt.stop_ids, jnp.int32)
     pad = fmt.pad_id
     first_width = fmt.first_chunk_len(env.max_obs_len)
@@ -194,7 +233,7 @@ def make_rollout(graphdef: nnx.GraphDef, env: Env, fmt: Format, cfg: RolloutConf
     def wrap_obs(obs, batch):
         return [_fixed(fmt.obs_open, batch), (obs.tokens, obs.length), _fixed(fmt.obs_close, batch)]
 
-    def run(params, tasks, caps, key):
+    def run(params, tasks, caps, key, inject):
         traces[0] += 1
         model = nnx.merge(graphdef, params)
         caps = jnp.clip(caps.astype(jnp.int32), 1, Tm)
@@ -223,6 +262,7 @@ def make_rollout(graphdef: nnx.GraphDef, env: Env, fmt: Format, cfg: RolloutConf
             env_state=env_state, obs=obs, active=jnp.ones((batch,), bool),
             action=jnp.full((batch, Tm), INVALID, jnp.int32), reward=f32(batch, Tm),
             error=jnp.zeros((batch, Tm), bool), invalid=jnp.zeros((batch, Tm), bool),
+            format_error=jnp.zeros((batch, Tm), bool), injected=jnp.zeros((batch, Tm), bool),
             oracle_action=jnp.full((batch, Tm), INVALID, jnp.int32), progress=f32(batch, Tm + 1),
             turn_active=jnp.zeros((batch, Tm), bool), turns_used=zeros, success=jnp.zeros((batch,), bool),
             first_success_turn=zeros, terminated=jnp.zeros((batch,), bool),
@@ -277,16 +317,22 @@ def make_rollout(graphdef: nnx.GraphDef, env: Env, fmt: Format, cfg: RolloutConf
             t, active = c["t"], c["active"]
             reply_start = c["n_tok"]
             c = decode_reply(c)
-            # Parse: the reply without its stop token, matched against the action tables in tokens.
+            # Parse: the reply without its stop token -> its answer span -> an action id, in tokens.
             reply_len = c["n_tok"] - reply_start - 1
-            width = max(A, 1)
-            idx = jnp.clip(reply_start[:, None] + jnp.arange(width)[None, :], 0, L - 1)
+            idx = jnp.clip(reply_start[:, None] + jnp.arange(R)[None, :], 0, L - 1)
             reply = jnp.take_along_axis(c["tokens"], idx, axis=1)
-            reply = jnp.where(jnp.arange(width)[None, :] < reply_len[:, None], reply, pad)
-            act = jax.vmap(env.parse_action)(reply, jnp.minimum(reply_len, width))
-            act = jnp.where(reply_len > A, INVALID, act).astype(jnp.int32)
+            reply = jnp.where(jnp.arange(R)[None, :] < reply_len[:, None], reply, pad)
+            act, format_ok = parse_replies(env, fmt, reply, reply_len)
 
             step_keys = jax.vmap(lambda k: jax.random.fold_in(k, t + 1))(env_keys)
+            # Error injection: a forced wrong action (never the oracle's) with probability inject.prob.
+            inj_keys = jax.vmap(lambda k: jax.random.fold_in(k, 0x5EED))(step_keys)
+            oracle = jax.vmap(env.oracle_action)(c["env_state"]).astype(jnp.int32)
+            coin = jax.vmap(lambda k: jax.random.uniform(k))(inj_keys)
+            wrong = jax.vmap(lambda k: jax.random.randint(jax.random.fold_in(k, 1), (), 0, max(env.num_actions - 1, 1)))(inj_keys)
+            wrong = jnp.where(wrong >= oracle, wrong + 1, wrong).astype(jnp.int32)
+            injected = active & inject.turns[t] & (coin < inject.prob) & (env.num_actions > 1)
+            act = jnp.where(injected, wrong, act)
             turns_left = caps - (t + 1)
             new_state, new_obs, reward, term, info = jax.vmap(env.step)(step_keys, c["env_state"], act, turns_left)
             c["env_state"] = _select(active, new_state, c["env_state"])
@@ -296,7 +342,9 @@ def make_rollout(graphdef: nnx.GraphDef, env: Env, fmt: Format, cfg: RolloutConf
                 c[name] = c[name].at[:, t].set(jnp.where(active, value, c[name][:, t]))
 
             record("action", act)
-            record("reward", reward.astype(jnp.float32))
+            record("reward", reward.astype(jnp.float32) + jnp.where(format_ok, 0.0, cfg.format_reward))
+            record("format_error", ~format_ok)
+            record("injected", injected)
             record("error", info.error)
             record("invalid", info.invalid)
             record("oracle_action", info.oracle_action.astype(jnp.int32))
@@ -347,7 +395,7 @@ def make_rollout(graphdef: nnx.GraphDef, env: Env, fmt: Format, cfg: RolloutConf
             tokens=c["tokens"], length=c["n_tok"], loss_mask=c["loss_mask"], logprobs=c["logprobs"],
             turn_of_token=jnp.where(jnp.arange(L)[None, :] < c["n_tok"][:, None], c["turn_of_token"], -1),
             action=c["action"], reward=c["reward"], error=c["error"], invalid=c["invalid"],
-            oracle_action=c["oracle_action"], progress=c["progress"], turn_active=c["turn_active"],
+            format_error=c["format_error"], injected=c["injected"], oracle_action=c["oracle_action"], progress=c["progress"], turn_active=c["turn_active"],
             caps=caps, turns_used=c["turns_used"], success=c["success"],
             first_success_turn=c["first_success_turn"], terminated=c["terminated"] | c["success"],
             truncated=truncated, overflow=c["overflow"],
@@ -373,6 +421,7 @@ def rollout(
     key: jax.Array,
     cfg: RolloutConfig,
     fmt: Format | None = None,
+    inject: Injection | None = None,
 ) -> Trajectory:
     """Run one batch of multi-turn episodes with per-sequence turn caps; returns a Trajectory.
 
@@ -389,4 +438,5 @@ def rollout(
     check_config(env, fmt, cfg, min_cap)
     graphdef, params = nnx.split(policy)
     run = _cached_rollout(graphdef, env, fmt, cfg)
-    return run(params, tasks, jnp.asarray(caps, jnp.int32), key)
+    inject = inject if inject is not None else Injection.none(cfg.max_turns)
+    return run(params, tasks, jnp.asarray(caps, jnp.int32), key, inject)

@@ -18,20 +18,35 @@ from flax import nnx
 
 from bmrl.envs.base import INVALID, Env
 from bmrl.formats import Format
-from bmrl.rollout import RolloutConfig, Trajectory, check_caps, check_config, default_format, row_keys
+from bmrl.rollout import (
+    RolloutConfig,
+    Trajectory,
+    check_caps,
+    check_config,
+    default_format,
+    parse_replies,
+    row_keys,
+)
 from bmrl.sampling import sample
 
 
+BUCKET = 64  # context widths are rounded up to a multiple of this: few compiles, honest prefill cost
+
+
 def _make_generate(graphdef: nnx.GraphDef, fmt: Format, cfg: RolloutConfig):
-    """generate(params, context [B,L], lengths [B], active [B], tok_keys [B], t) -> reply arrays."""
-    L, R = cfg.max_len, cfg.max_reply_tokens
+    """generate(params, context [B,W], lengths [B], active [B], tok_keys [B], t) -> reply arrays.
+
+    W is the context width of this call (a multiple of BUCKET); each new width compiles once, as a
+    Python-driven stack that pads to length buckets would.
+    """
+    R = cfg.max_reply_tokens
     stop_ids = jnp.asarray(fmt.stop_ids, jnp.int32)
 
     @jax.jit
     def generate(params, context, lengths, active, tok_keys, t):
         model = nnx.merge(graphdef, params)
         batch = context.shape[0]
-        cache = model.init_cache(batch, L)
+        cache = model.init_cache(batch, context.shape[1] + R)
         n = jnp.where(active, lengths, 0)
         logits, cache = model.extend(context, n, jnp.zeros((batch,), jnp.int32), cache, last_only=True)
         next_logits = logits[:, 0]
@@ -65,11 +80,11 @@ def _make_generate(graphdef: nnx.GraphDef, fmt: Format, cfg: RolloutConfig):
 
 
 @functools.lru_cache(maxsize=16)
-def _jitted_env(env: Env):
+def _jitted_env(env: Env, fmt: Format):
     return (
         jax.jit(jax.vmap(env.reset)),
         jax.jit(jax.vmap(env.step)),
-        jax.jit(jax.vmap(env.parse_action)),
+        jax.jit(functools.partial(parse_replies, env, fmt)),
     )
 
 
@@ -87,10 +102,10 @@ def python_loop_rollout(
     caps = np.asarray(caps, np.int32)
     check_caps(caps, cfg)
     check_config(env, fmt, cfg, int(caps.min()) if caps.size else 1)
-    L, R, Tm, A = cfg.max_len, cfg.max_reply_tokens, cfg.max_turns, env.max_action_len
+    L, R, Tm = cfg.max_len, cfg.max_reply_tokens, cfg.max_turns
     graphdef, params = nnx.split(policy)
     generate = _make_generate(graphdef, fmt, cfg)
-    reset, step, parse = _jitted_env(env)
+    reset, step, parse = _jitted_env(env, fmt)
     batch = caps.shape[0]
     keys = row_keys(key, batch)
     env_keys = jax.vmap(lambda k: jax.random.fold_in(k, 0))(keys)
@@ -106,6 +121,7 @@ def python_loop_rollout(
     out = {
         "action": np.full((batch, Tm), INVALID, np.int32), "reward": np.zeros((batch, Tm), np.float32),
         "error": np.zeros((batch, Tm), bool), "invalid": np.zeros((batch, Tm), bool),
+        "format_error": np.zeros((batch, Tm), bool), "injected": np.zeros((batch, Tm), bool),
         "oracle_action": np.full((batch, Tm), INVALID, np.int32), "progress": np.zeros((batch, Tm + 1), np.float32),
         "turn_active": np.zeros((batch, Tm), bool),
     }
@@ -117,23 +133,22 @@ def python_loop_rollout(
     active = np.ones(batch, bool)
     t = 0
     while active.any() and t < Tm:
-        context = np.full((batch, L), fmt.pad_id, np.int32)
+        longest = max(len(ctx[b]) for b in range(batch))
+        width = min(-(-longest // BUCKET) * BUCKET, L)
+        context = np.full((batch, width), fmt.pad_id, np.int32)
         lengths = np.zeros(batch, np.int32)
         for b in range(batch):
             context[b, : len(ctx[b])] = ctx[b]
             lengths[b] = len(ctx[b])
         reply, reply_len, lp, sampled = map(np.asarray, generate(params, context, lengths, active, tok_keys, t))
-        action_tokens = np.full((batch, max(A, 1)), fmt.pad_id, np.int32)
-        content_len = reply_len - 1
+        content_len = np.maximum(reply_len - 1, 0)
+        content = np.where(np.arange(R)[None, :] < content_len[:, None], reply, fmt.pad_id)
+        act, format_ok = map(np.asarray, parse(jnp.asarray(content), jnp.asarray(content_len)))
         for b in np.flatnonzero(active):
-            k = min(content_len[b], A)
-            action_tokens[b, :k] = reply[b, :k]
             ctx[b] += list(reply[b, : reply_len[b]])
             turn_ids[b] += [t] * reply_len[b]
             mask[b] += list(sampled[b, : reply_len[b]].astype(np.float32))
             logps[b] += list(lp[b, : reply_len[b]])
-        act = np.asarray(parse(action_tokens, np.minimum(content_len, A)))
-        act = np.where(content_len > A, INVALID, act).astype(np.int32)
 
         step_keys = jax.vmap(lambda k: jax.random.fold_in(k, t + 1))(env_keys)
         new_state, new_obs, reward, term, info = step(step_keys, env_state, jnp.asarray(act), jnp.asarray(caps - (t + 1)))
@@ -141,7 +156,9 @@ def python_loop_rollout(
         env_state = jax.tree.map(lambda a, b: jnp.where(sel.reshape(sel.shape + (1,) * (a.ndim - 1)), a, b), new_state, env_state)
         reward, term = np.asarray(reward), np.asarray(term)
         info = jax.tree.map(np.asarray, info)
+        reward = reward + np.where(format_ok, 0.0, cfg.format_reward).astype(np.float32)
         for name, value in (("action", act), ("reward", reward), ("error", info.error), ("invalid", info.invalid),
+                            ("format_error", ~format_ok),
                             ("oracle_action", info.oracle_action), ("turn_active", active)):
             out[name][:, t] = np.where(active, value, out[name][:, t])
         out["progress"][:, t + 1] = np.where(active, info.progress, out["progress"][:, t])

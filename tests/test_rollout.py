@@ -12,7 +12,7 @@ import pytest
 
 from bmrl import budget
 from bmrl.envs import ENVS, make
-from bmrl.rollout import RolloutConfig, RolloutError, default_format, rollout
+from bmrl.rollout import Injection, RolloutConfig, RolloutError, default_format, rollout
 from bmrl.rollout_baseline import python_loop_rollout
 from bmrl.sampling import SamplingConfig
 from tests.rollout_helpers import steered_policy
@@ -24,7 +24,7 @@ ENV_OPTIONS = {
     "sokoban": dict(size=5, boxes=1),
 }
 FIELDS = (
-    "tokens", "length", "loss_mask", "turn_of_token", "action", "reward", "error", "invalid",
+    "tokens", "length", "loss_mask", "turn_of_token", "action", "reward", "error", "invalid", "format_error",
     "oracle_action", "progress", "turn_active", "caps", "turns_used", "success",
     "first_success_turn", "terminated", "truncated", "overflow",
 )
@@ -218,3 +218,22 @@ def test_sharded_rollout_matches_single_device(tmp_path):
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     out = subprocess.run([sys.executable, "-c", script], env=env, cwd=root, capture_output=True, text=True, timeout=600)
     assert "SHARDED_OK" in out.stdout, out.stdout[-2000:] + out.stderr[-4000:]
+
+
+def test_error_injection_forces_wrong_actions(tiny_tokenizer):
+    env = _env("frozenlake", tiny_tokenizer)
+    policy = steered_policy(env, default_format(env), seed=8, scale=3.0)
+    cfg = _cfg(temperature=1.0)
+    tasks = {"seed": jnp.arange(64, dtype=jnp.int32)}
+    caps = jnp.full((64,), 6, jnp.int32)
+    inject = Injection.at(cfg.max_turns, turns=[1, 3], prob=0.5)
+    tr = jax.tree.map(np.asarray, rollout(policy, env, tasks, caps, jax.random.key(0), cfg, inject=inject))
+    inj = tr.injected
+    assert not inj[:, [0, 2, 4, 5]].any()
+    assert np.all(tr.turn_active[inj])
+    rate = inj[:, 1][tr.turn_active[:, 1]].mean()
+    assert 0.3 < rate < 0.7, rate
+    # A forced action is valid and never the oracle's.
+    assert np.all(tr.action[inj] >= 0) and np.all(tr.action[inj] != tr.oracle_action[inj])
+    none = jax.tree.map(np.asarray, rollout(policy, env, tasks, caps, jax.random.key(0), cfg))
+    assert not none.injected.any()

@@ -200,15 +200,18 @@ class Sokoban(Env):
         return self.fragments.text(self._grid_frags(state).tolist())
 
 
-def corpus() -> list[str]:
-    """Sokoban texts for tokenizer training without a tokenizer (instructions, fragments, a few rooms)."""
+def corpus(observations: bool = False) -> list[str]:
+    """Sokoban texts for tokenizer training, no tokenizer needed: instructions of a few option sets,
+    every fragment and action string and, with `observations`, whole observations of a few levels
+    (this compiles the env, several seconds)."""
     from bmrl.envs import _CharTokenizer, _sample_texts
 
     texts: list[str] = []
-    for opts in ({"show_budget": True}, {"size": 7, "boxes": 2}):
+    for i, opts in enumerate(({"show_budget": True}, {"size": 7, "boxes": 2, "walls": 3}, {"size": 5})):
         env = Sokoban(_CharTokenizer(), **opts)
         texts += [env.instructions, *env.action_strings]
         for group in env.text_groups().values():
             texts += [t for t in group if t]
-        texts += _sample_texts(env)
+        if observations and i < 2:
+            texts += _sample_texts(env)
     return texts

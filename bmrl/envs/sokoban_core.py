@@ -228,15 +228,16 @@ def oracle(geom: Geometry, nbr: jax.Array, dist: jax.Array, state: jax.Array,
 # Generation
 
 
-def _reachable(geom: Geometry, nbr: jax.Array, start: jax.Array) -> jax.Array:
-    """bool[C]: cells reachable from `start` through floor (flood fill)."""
-    seen = jnp.zeros(geom.cells, bool).at[start].set(True)
-
-    def grow(_, seen):
-        step = (seen[jnp.maximum(nbr, 0)] & (nbr >= 0)).any(-1)
-        return seen | step
-
-    return jax.lax.fori_loop(0, geom.cells, grow, seen)
+def _connected(geom: Geometry, wall: jax.Array) -> jax.Array:
+    """bool[]: the floor cells form one connected region (reachability by repeated squaring of
+    the floor adjacency matrix; a few small matmuls, no loop)."""
+    nbr = neighbors(geom, wall)
+    cells = jnp.arange(geom.cells)
+    adj = ((nbr[:, :, None] == cells).any(1) | jnp.eye(geom.cells, dtype=bool)).astype(jnp.float32)
+    for _ in range(int(np.ceil(np.log2(geom.cells)))):
+        adj = jnp.minimum(adj @ adj, 1.0)
+    first = jnp.argmin(wall)  # some floor cell
+    return ((adj[first] > 0) | wall).all()
 
 
 def _pull_lines(geom: Geometry, wall: jax.Array) -> jax.Array:
@@ -247,34 +248,47 @@ def _pull_lines(geom: Geometry, wall: jax.Array) -> jax.Array:
     return (p >= 0) & (p2 >= 0) & ~wall[:, None]
 
 
-def random_walls(geom: Geometry, key: jax.Array, attempts: int) -> jax.Array:
-    """bool[C]: up to `attempts` random interior walls, each kept only if the floor stays connected
-    and a box can still be pulled somewhere (so reverse play can move a box off its target)."""
+def _uniform(bits: jax.Array) -> jax.Array:
+    """float32 uniform in (0, 1) from uint32 random bits."""
+    return ((bits >> 8).astype(jnp.float32) + 0.5) * (1.0 / (1 << 24))
+
+
+def _gumbel(bits: jax.Array) -> jax.Array:
+    """Standard Gumbel noise from uint32 random bits."""
+    return -jnp.log(-jnp.log(_uniform(bits)))
+
+
+def _pick(bits: jax.Array, allowed: jax.Array) -> jax.Array:
+    """Uniformly random index among `allowed` (last axis) from bits of the same shape."""
+    return jnp.argmax(jnp.where(allowed, _gumbel(bits), -jnp.inf), -1).astype(jnp.int32)
+
+
+def random_walls(geom: Geometry, bits: jax.Array) -> jax.Array:
+    """bool[C]: up to `attempts` random interior walls (`bits: uint32[attempts, C]`), each kept only
+    if the floor stays connected and a box can still be pulled somewhere (so that reverse play can
+    move a box off its target)."""
     min_floor = geom.boxes + 3
+    if bits.shape[0] == 0:
+        return jnp.zeros(geom.cells, bool)
 
     def add(i, wall):
-        k = jax.random.fold_in(key, i)
-        cand = jax.random.categorical(k, jnp.where(wall, -jnp.inf, 0.0))
-        new = wall.at[cand].set(True)
-        nbr = neighbors(geom, new)
-        first = jnp.argmin(new)  # some floor cell
-        conn = (_reachable(geom, nbr, first) | new).all()
+        new = wall.at[_pick(bits[i], ~wall)].set(True)
+        conn = _connected(geom, new)
         enough = (~new).sum() >= min_floor
         pullable = _pull_lines(geom, new).any()
         return jnp.where(conn & enough & pullable, new, wall)
 
-    return jax.lax.fori_loop(0, attempts, add, jnp.zeros(geom.cells, bool))
+    return jax.lax.fori_loop(0, bits.shape[0], add, jnp.zeros(geom.cells, bool))
 
 
-def _initial_position(geom: Geometry, key: jax.Array, wall: jax.Array):
-    """Targets and a first reverse move that pulls box 0 off its target.
+def _initial_position(geom: Geometry, bits: jax.Array, wall: jax.Array):
+    """Targets and a first reverse move that pulls box 0 off its target (`bits: uint32[boxes, 4C]`).
 
     Returns (targets int32[boxes], position with boxes on targets, forced first pull direction).
     """
-    k1, k2, k3 = jax.random.split(key, 3)
     lines = _pull_lines(geom, wall)
     # box 0's target and the direction the player steps away to pull it
-    flat = jax.random.categorical(k1, jnp.where(lines.reshape(-1), 0.0, -jnp.inf))
+    flat = _pick(bits[0], lines.reshape(-1))
     t0, a = flat // 4, flat % 4
     nbr = neighbors(geom, wall)
     player = nbr[t0, a]
@@ -282,7 +296,7 @@ def _initial_position(geom: Geometry, key: jax.Array, wall: jax.Array):
     targets = [t0]
     taken = wall.at[t0].set(True).at[player].set(True).at[beyond].set(True)
     for i in range(1, geom.boxes):
-        t = jax.random.categorical(jax.random.fold_in(k2, i), jnp.where(taken, -jnp.inf, 0.0))
+        t = _pick(bits[i, : geom.cells], ~taken)
         targets.append(t)
         taken = taken.at[t].set(True)
     targets = jnp.stack(targets).astype(jnp.int32)
@@ -306,11 +320,11 @@ def _pull(geom: Geometry, nbr: jax.Array, layout: jax.Array, state: jax.Array, a
     return encode(geom, jnp.where(free, q, player), new_boxes)
 
 
-def reverse_walks(geom: Geometry, key: jax.Array, walls: jax.Array, targets: jax.Array,
-                  start: jax.Array, first: jax.Array, walks: int, steps: int,
-                  pull_prob: float = 0.75) -> jax.Array:
+def reverse_walks(geom: Geometry, bits: jax.Array, walls: jax.Array, targets: jax.Array,
+                  start: jax.Array, first: jax.Array, walks: int, pull_prob: float = 0.75) -> jax.Array:
     """int32[layouts, walks * steps]: positions visited by random reverse play (pulls) from solved
-    positions, `walks` walks in each of the layouts (`walls: bool[L, C]`, `targets: int32[L, boxes]`).
+    positions, `walks` walks in each of the layouts (`walls: bool[L, C]`, `targets: int32[L, boxes]`);
+    `bits: uint32[steps + 1, L * walks, C]` is the randomness.
 
     Walk 0 of a layout starts at its `start` with the pull `first`, which moves a box off its
     target (so at least one visited position is unsolved); the others start with the boxes on the
@@ -319,24 +333,23 @@ def reverse_walks(geom: Geometry, key: jax.Array, walls: jax.Array, targets: jax
     """
     n_layouts = walls.shape[0]
     m = n_layouts * walks
+    steps = bits.shape[0] - 1
     layout = jnp.repeat(jnp.arange(n_layouts), walks)  # [M]
     nbr = jax.vmap(lambda w: neighbors(geom, w))(walls).reshape(-1)
-    kp, ka, kf, kb = jax.random.split(key, 4)
-    free = walls | (jnp.arange(geom.cells) == targets[..., None]).any(-2)  # [L, C] taken cells
-    gumbel = jax.random.gumbel(kp, (m, geom.cells))
-    player = jnp.argmax(jnp.where(free[layout], -jnp.inf, gumbel), -1)
+    taken = walls | (jnp.arange(geom.cells) == targets[..., None]).any(-2)  # [L, C]
+    player = _pick(bits[0], ~taken[layout])
     own = jnp.arange(m) % walks == 0
     s0 = jnp.where(own, start[layout], encode(geom, player, targets[layout]))
-    a0 = jnp.where(own, first[layout], jax.random.randint(kf, (m,), 0, 4))
+    acts = (bits[1:, :, 0] >> 30).astype(jnp.int32)  # [steps, M] in 0..3
+    pulls = (bits[1:, :, 1] >> 8) < int(pull_prob * (1 << 24))
+    a0 = jnp.where(own, first[layout], acts[0])
     s1 = _pull(geom, nbr, layout, s0, a0, jnp.ones((m,), bool))
 
     def step(s, a_pull):
         s = _pull(geom, nbr, layout, s, a_pull[0], a_pull[1])
         return s, s
 
-    acts = jax.random.randint(ka, (steps - 1, m), 0, 4)
-    pulls = jax.random.bernoulli(kb, pull_prob, (steps - 1, m))
-    _, path = jax.lax.scan(step, s1, (acts, pulls))  # [steps - 1, M]
+    _, path = jax.lax.scan(step, s1, (acts[1:], pulls[1:]))  # [steps - 1, M]
     visited = jnp.concatenate([s1[None], path])  # [steps, M]
     return visited.reshape(steps, n_layouts, walks).transpose(1, 2, 0).reshape(n_layouts, -1)
 
@@ -360,27 +373,42 @@ def generate(geom: Geometry, seed: jax.Array, wall_attempts: int = 0, layouts: i
     the hardest position its reverse play visited (so solvable, not solved) whose optimal solution
     takes at most `max_moves` moves, ties broken at random; when every visited position needs
     more, the easiest one.
+
+    All randomness is one threefry draw of bits from the seed (sliced per use): a dozen separate
+    `jax.random` calls made the vmapped generator several seconds slower to compile.
     """
-    key = jax.random.key(seed)
-    kl, kr, kc, ks = jax.random.split(key, 4)
-    steps = steps or 4 * geom.cells
+    c = geom.cells
+    steps = steps or 4 * c
+    sizes = {
+        "walls": (layouts, wall_attempts, c),
+        "init": (layouts, geom.boxes, 4 * c),
+        "walks": (steps + 1, layouts * walks, c),
+        "pick": (layouts,),
+        "start": (walks * steps,),
+    }
+    total = sum(int(np.prod(v)) for v in sizes.values())
+    flat = jax.random.bits(jax.random.key(seed), (total,), jnp.uint32)
+    bits, at = {}, 0
+    for name, shape in sizes.items():
+        size = int(np.prod(shape))
+        bits[name] = flat[at : at + size].reshape(shape)
+        at += size
 
-    def layout(k):
-        kw, ki = jax.random.split(k)
-        wall = random_walls(geom, kw, wall_attempts)
-        return (wall, *_initial_position(geom, ki, wall))
+    def layout(wall_bits, init_bits):
+        wall = random_walls(geom, wall_bits)
+        return (wall, *_initial_position(geom, init_bits, wall))
 
-    walls, targetss, starts, firsts = jax.vmap(layout)(jax.random.split(kl, layouts))
-    visiteds = reverse_walks(geom, kr, walls, targetss, starts, firsts, walks, steps)  # [L, V]
+    walls, targetss, starts, firsts = jax.vmap(layout)(bits["walls"], bits["init"])
+    visiteds = reverse_walks(geom, bits["walks"], walls, targetss, starts, firsts, walks)  # [L, V]
     spread = _displacement(geom, targetss[:, None, :], visiteds).max(-1)
-    best = jnp.argmax(spread + jax.random.uniform(kc, spread.shape))
+    best = jnp.argmax(spread + _uniform(bits["pick"]))
     wall, targets, visited = walls[best], targetss[best], visiteds[best]
     dist = solve(geom, wall, targets)
     d = dist[visited].astype(jnp.float32)
     cap = INF - 1 if max_moves is None else max_moves
     score = jnp.where(d <= cap, d, -d)  # within the cap: harder is better; above it: easier is
     score = jnp.where(d >= 1, score, -2.0 * INF)  # never the solved position
-    score = score + 0.5 * jax.random.uniform(ks, d.shape)
+    score = score + 0.5 * _uniform(bits["start"])
     return Level(wall=wall, targets=targets, start=visited[jnp.argmax(score)], dist=dist)
 
 

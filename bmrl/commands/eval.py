@@ -1,0 +1,131 @@
+"""`bmrl eval --config FILE --policy DIR [--policy DIR2 ...]`: Pass@(K,T), decomposition and report.
+
+Each policy (a local Hugging Face directory with its tokenizer) is evaluated on the same held-out
+test tasks of the config's environment (`bmrl.policy.split_tasks(cfg, "test", eval.num_tasks)`)
+with the same keys, over the grid eval.ks x eval.ts in eval.mode; then on a fixed probe set of
+noisy-oracle states (decision accuracy) and again with errors injected (recovery with errors
+equalised). Writes results.json, PNG plots and report.md to --out (default <out_dir>/eval). With
+several policies, each is compared with the first (or --baseline), paired over tasks.
+Exit status 0 on success, 2 on a bad config or arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from bmrl.commands._common import ConfigExit, add_config_args, load_config
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "eval",
+        help="Evaluate policies: Pass@(K,T) surface, decision quality, recovery, plots and a markdown report.",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_config_args(p, required=True)
+    p.add_argument("--policy", action="append", required=True, metavar="DIR", help="HF model directory (repeatable)")
+    p.add_argument("--names", default=None, help="comma-separated policy names (default: directory names)")
+    p.add_argument("--baseline", default=None, help="name every other policy is compared with (default: the first)")
+    p.add_argument("--out", default=None, help="output directory (default: <out_dir>/eval)")
+    p.add_argument("--inject-turns", default="1", help="1-based turns where errors are injected, e.g. 1,3; 'none' = no injection run")
+    p.add_argument("--inject-prob", type=float, default=1.0, help="probability of an injected error at those turns")
+    p.add_argument("--probe-noise", type=float, default=0.25, help="noise of the oracle that reaches the probe states")
+    p.add_argument("--window", type=int, default=3, help="turns allowed to get back on track after an error")
+    p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    p.set_defaults(func=run)
+
+
+def _names(args: argparse.Namespace) -> list[str]:
+    if args.names:
+        names = [n.strip() for n in args.names.split(",")]
+        if len(names) != len(args.policy) or len(set(names)) != len(names) or not all(names):
+            raise ValueError(f"--names needs {len(args.policy)} distinct names, got {args.names!r}.")
+        return names
+    names = [os.path.basename(os.path.normpath(p)) or f"policy{i + 1}" for i, p in enumerate(args.policy)]
+    if len(set(names)) < len(names):
+        names = [f"{n}_{i + 1}" for i, n in enumerate(names)]
+    return names
+
+
+def _inject_turns(text: str, max_turns: int) -> list[int]:
+    if text.strip().lower() in ("none", ""):
+        return []
+    try:
+        turns = sorted({int(t) for t in text.split(",") if t.strip()})
+    except ValueError:
+        raise ValueError(f"--inject-turns: cannot read {text!r}; give 1-based turns like 1,3 or 'none'.") from None
+    if turns and (turns[0] < 1 or turns[-1] > max_turns):
+        raise ValueError(f"--inject-turns must be in 1..{max_turns} (rollout.max_turns), got {turns}.")
+    return [t - 1 for t in turns]
+
+
+def run(args: argparse.Namespace) -> int:
+    from bmrl.config import ConfigError
+
+    cfg = load_config(args, "eval")
+    try:
+        return _run(args, cfg)
+    except ConfigError as err:
+        print(f"bmrl eval: config error: {err}", file=sys.stderr)
+        raise ConfigExit(2) from None
+    except (ValueError, OSError) as err:
+        print(f"bmrl eval: error: {err}", file=sys.stderr)
+        return 2
+
+
+def _run(args: argparse.Namespace, cfg) -> int:
+    import jax
+
+    from bmrl import policy as pol
+    from bmrl.eval.decompose import probe_accuracy, probe_set
+    from bmrl.eval.evaluate import attach_injection, evaluate
+    from bmrl.eval.report import write_report
+    from bmrl.rollout import default_format
+
+    names = _names(args)
+    if args.baseline is not None and args.baseline not in names:
+        raise ValueError(f"--baseline {args.baseline!r} is not one of the policy names {names}.")
+    if not 0.0 <= args.inject_prob <= 1.0:
+        raise ValueError(f"--inject-prob must be in [0, 1], got {args.inject_prob}.")
+    inject_turns = _inject_turns(args.inject_turns, cfg.rollout.max_turns)
+    e = cfg.eval
+    out = args.out or os.path.join(cfg.out_dir, "eval")
+    tasks = pol.split_tasks(cfg, "test", e.num_tasks)
+    rcfg = pol.rollout_config(cfg, for_eval=True)
+    key = jax.random.key(cfg.seed)
+    common = dict(ts=e.ts, ks=e.ks, attempts=e.attempts, rollout_cfg=rcfg, bootstrap=e.bootstrap, window=args.window)
+    policies = [pol.load_policy(path) for path in args.policy]  # fail on a bad directory before any work
+    results = {}
+    for name, (model, tokenizer) in zip(names, policies):
+        env = pol.make_env(cfg, tokenizer)
+        fmt = default_format(env)
+        pol.check_fits(cfg, env, fmt)
+        print(f"bmrl eval: {name}: {e.num_tasks} tasks x {e.attempts} attempts, T in {list(e.ts)}, mode {e.mode}", file=sys.stderr)
+        result = evaluate(model, env, tasks, key=key, mode=e.mode, fmt=fmt, **common)
+        if e.probe_states > 0:
+            probes = probe_set(env, fmt, tasks, num_states=e.probe_states, seed=cfg.seed, noise=args.probe_noise,
+                               num_turns=rcfg.max_turns, max_len=rcfg.max_len, reserve=rcfg.max_reply_tokens)
+            result.probe = probe_accuracy(model, env, probes, rcfg, key=cfg.seed + 1, fmt=fmt, num_resamples=max(e.bootstrap, 0))
+        if inject_turns and args.inject_prob > 0:
+            attach_injection(result, model, env, tasks, turns=inject_turns, prob=args.inject_prob, key=key, fmt=fmt,
+                             **{k: v for k, v in common.items() if k not in ("ts", "ks", "attempts", "bootstrap")})
+        results[name] = result
+    settings = {
+        "config": args.config, "policies": ", ".join(f"{n} = {p}" for n, p in zip(names, args.policy)),
+        "env": f"{cfg.env.name} {dict(cfg.env.options)}", "show budget": cfg.env.show_budget,
+        "sampling temperature": e.temperature, "seed": cfg.seed,
+        "error injection": f"turns {[t + 1 for t in inject_turns]}, p={args.inject_prob}" if inject_turns else "off",
+    }
+    paths, summary = write_report(out, results, baseline=args.baseline, title="bmrl eval", settings=settings, plot=not args.no_plots)
+    for name in names:
+        s = summary[name]
+        if "pass1_at_max_T" in s:
+            p1 = s["pass1_at_max_T"]
+            print(f"{name}: Pass@(1,{p1['T']}) = {p1['mean']:.3f} [{p1['lower']:.3f}, {p1['upper']:.3f}]")
+    for label, c in summary["comparisons"].items():
+        print(c["verdict"])
+    print("wrote " + ", ".join(paths.values()))
+    return 0

@@ -1,0 +1,442 @@
+"""The study's decomposition: is success bought by better single decisions, or by recovery after errors?
+
+Everything here is computed from per-turn records of attempts (`Episodes`, numpy), grouped by task,
+with percentile bootstrap intervals over tasks (the method of `bmrl.eval.bootstrap.bootstrap_mean`). Per-task
+values are averaged with equal weight per task; a task where a metric is undefined (no acted turn,
+no error) is left out of that metric and the number of tasks used is reported.
+
+Definitions (turns are 0-based inside arrays; reported turns are 1-based like first_success_turn):
+- acted turn: `turn_active` and not `injected` (an injected action is not the policy's decision).
+- decision accuracy: P(action == oracle_action) over acted turns, `oracle_action` being the best
+  action in the state before the turn (invalid replies count as wrong).
+- error: an active turn whose action was not the oracle's (a wrong, invalid or injected action) or
+  where the environment reported an error (a slip, a wall bump, a failed tool call). `errors="decision"`
+  keeps only the first kind, `errors="env"` only the second.
+- first error turn: the 1-based turn of an attempt's first error (histogram over attempts; 0 = none).
+- recovery P(success | first error at turn t): among attempts whose first error is at turn t, the
+  fraction that still succeeded (within their cap); pooled over t: among attempts with any error.
+- back on track within m turns: after the first error at turn t, the progress after some turn s with
+  t < s <= t + m strictly exceeds the progress before turn t (the error's loss, if any, is undone and
+  the agent has moved past where it was), or the attempt succeeded by turn t + m. Only errors whose
+  whole window fits the attempt's cap (t + m < cap) count, so the cap itself never decides it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+
+ERROR_KINDS = ("any", "decision", "env")
+
+
+@dataclasses.dataclass(frozen=True)
+class Estimate:
+    """A per-task metric's mean over tasks with its bootstrap interval; `num_tasks` = tasks used."""
+
+    mean: float
+    lower: float
+    upper: float
+    num_tasks: int
+
+    def to_dict(self) -> dict[str, float | int]:
+        return dataclasses.asdict(self)
+
+    def __str__(self) -> str:
+        if self.num_tasks == 0:
+            return "n/a (no task)"
+        return f"{self.mean:.3f} [{self.lower:.3f}, {self.upper:.3f}]"
+
+
+NAN_ESTIMATE = Estimate(float("nan"), float("nan"), float("nan"), 0)
+
+
+def bootstrap_columns(
+    values: np.ndarray, *, key: int = 0, num_resamples: int = 1000, confidence: float = 0.95
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(mean, lower, upper) over the task axis of `values: [num_tasks, ...]`: the percentile
+    bootstrap of `bmrl.eval.bootstrap.bootstrap_mean` (tasks resampled with replacement, one count
+    matrix times the values) in numpy, so the many small metrics of a decomposition, whose task
+    counts differ, do not each compile a program."""
+    v = np.asarray(values, np.float64)
+    n = v.shape[0]
+    flat = v.reshape(n, -1)
+    if num_resamples == 0:  # intervals switched off: lower = upper = mean
+        m = flat.mean(0).reshape(v.shape[1:])
+        return m, m, m
+    rng = np.random.default_rng(key)
+    idx = rng.integers(0, n, size=(num_resamples, n))
+    counts = np.bincount((np.arange(num_resamples)[:, None] * n + idx).ravel(), minlength=num_resamples * n)
+    means = counts.reshape(num_resamples, n).astype(np.float64) @ flat / n
+    alpha = (1.0 - confidence) / 2.0
+    lo, hi = np.quantile(means, [alpha, 1.0 - alpha], axis=0)
+    shape = v.shape[1:]
+    return flat.mean(0).reshape(shape), lo.reshape(shape), hi.reshape(shape)
+
+
+def estimate(per_task: np.ndarray, *, key: int = 0, num_resamples: int = 1000, confidence: float = 0.95) -> Estimate:
+    """Mean and bootstrap interval of `per_task: [num_tasks]`, NaN entries (undefined) left out."""
+    v = np.asarray(per_task, np.float64).reshape(-1)
+    v = v[np.isfinite(v)]
+    if v.size == 0:
+        return NAN_ESTIMATE
+    m, lo, hi = bootstrap_columns(v, key=key, num_resamples=num_resamples, confidence=confidence)
+    return Estimate(float(m), float(lo), float(hi), int(v.size))
+
+
+@dataclasses.dataclass(frozen=True)
+class Episodes:
+    """Per-turn records of `num_tasks * attempts` attempts, row = task * attempts + attempt.
+
+    Arrays (numpy): action, oracle_action int32[B, Tm]; error, invalid, injected, turn_active
+    bool[B, Tm]; progress float32[B, Tm + 1] (index 0 = after reset); success bool[B];
+    first_success_turn, caps, turns_used int32[B].
+    """
+
+    action: np.ndarray
+    oracle_action: np.ndarray
+    error: np.ndarray
+    invalid: np.ndarray
+    injected: np.ndarray
+    turn_active: np.ndarray
+    progress: np.ndarray
+    success: np.ndarray
+    first_success_turn: np.ndarray
+    caps: np.ndarray
+    turns_used: np.ndarray
+    num_tasks: int
+    attempts: int
+
+    FIELDS = ("action", "oracle_action", "error", "invalid", "injected", "turn_active", "progress",
+              "success", "first_success_turn", "caps", "turns_used")
+
+    def __post_init__(self) -> None:
+        b = self.num_tasks * self.attempts
+        for name in self.FIELDS:
+            arr = getattr(self, name)
+            if np.shape(arr)[0] != b:
+                raise ValueError(
+                    f"Episodes.{name} has {np.shape(arr)[0]} rows, expected num_tasks * attempts = "
+                    f"{self.num_tasks} * {self.attempts} = {b} (row = task * attempts + attempt)."
+                )
+        tm = np.shape(self.action)[1]
+        if np.shape(self.progress)[1] != tm + 1:
+            raise ValueError(f"Episodes.progress must be [B, Tm + 1] = [.., {tm + 1}], got {np.shape(self.progress)}.")
+
+    @classmethod
+    def from_arrays(cls, arrays: Mapping[str, Any], num_tasks: int, attempts: int) -> "Episodes":
+        """From a Trajectory (or any object/mapping with the fields), converted to numpy."""
+        get = (lambda n: arrays[n]) if isinstance(arrays, Mapping) else (lambda n: getattr(arrays, n))
+        kw = {n: np.asarray(get(n)) for n in cls.FIELDS}
+        return cls(**kw, num_tasks=int(num_tasks), attempts=int(attempts))
+
+    def select(self, rows: np.ndarray, num_tasks: int, attempts: int) -> "Episodes":
+        """The episodes of `rows` (in order), regrouped as num_tasks x attempts."""
+        kw = {n: getattr(self, n)[rows] for n in self.FIELDS}
+        return Episodes(**kw, num_tasks=num_tasks, attempts=attempts)
+
+    @property
+    def max_turns(self) -> int:
+        return int(self.action.shape[1])
+
+    def per_task(self, values: np.ndarray) -> np.ndarray:
+        """[B, ...] -> [num_tasks, attempts, ...]."""
+        return values.reshape(self.num_tasks, self.attempts, *values.shape[1:])
+
+    def errors(self, kind: str = "any") -> np.ndarray:
+        """bool[B, Tm]: error turns by the definition of `kind` (see the module docstring)."""
+        if kind not in ERROR_KINDS:
+            raise ValueError(f"errors kind {kind!r} is unknown; choose one of {', '.join(ERROR_KINDS)}.")
+        decision = (self.action != self.oracle_action) | self.invalid | self.injected
+        env = self.error
+        err = {"any": decision | env, "decision": decision, "env": env & ~decision}[kind]
+        return err & self.turn_active
+
+    def first_error_turn(self, kind: str = "any") -> np.ndarray:
+        """int32[B]: 1-based turn of the first error, 0 when the attempt had none."""
+        err = self.errors(kind)
+        return np.where(err.any(1), err.argmax(1) + 1, 0).astype(np.int32)
+
+
+def _ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
+    """Per-row num/den with NaN where den == 0 (undefined)."""
+    num, den = np.asarray(num, np.float64), np.asarray(den, np.float64)
+    out = np.full(np.broadcast(num, den).shape, np.nan)
+    np.divide(num, den, out=out, where=den > 0)
+    return out
+
+
+def decision_accuracy_per_task(ep: Episodes) -> np.ndarray:
+    """float[num_tasks]: fraction of the task's acted turns (all attempts) where action == oracle."""
+    acted = ep.turn_active & ~ep.injected
+    right = acted & (ep.action == ep.oracle_action) & ~ep.invalid
+    return _ratio(ep.per_task(right).sum((1, 2)), ep.per_task(acted).sum((1, 2)))
+
+
+def recovery_per_task(ep: Episodes, kind: str = "any") -> tuple[np.ndarray, np.ndarray]:
+    """(by_turn [num_tasks, Tm], pooled [num_tasks]): P(success | first error at turn t+1) per task,
+    and P(success | any error); NaN where the task had no such attempt."""
+    first = ep.per_task(ep.first_error_turn(kind))  # [N, A]
+    won = ep.per_task(ep.success)
+    turns = np.arange(1, ep.max_turns + 1)
+    at = first[:, :, None] == turns[None, None, :]  # [N, A, Tm]
+    by_turn = _ratio((at & won[:, :, None]).sum(1), at.sum(1))
+    errored = first > 0
+    pooled = _ratio((errored & won).sum(1), errored.sum(1))
+    return by_turn, pooled
+
+
+def back_on_track(ep: Episodes, window: int, kind: str = "any") -> np.ndarray:
+    """bool/NaN [B]: back on track within `window` turns after the first error (module docstring);
+    NaN for attempts without an error or whose window does not fit their cap."""
+    if window < 1:
+        raise ValueError(f"the recovery window must be >= 1 turn, got {window}.")
+    first = ep.first_error_turn(kind) - 1  # 0-based, -1 = none
+    out = np.full(first.shape, np.nan)
+    rows = np.flatnonzero((first >= 0) & (first + window < ep.caps))
+    for b in rows:
+        t = first[b]
+        before = ep.progress[b, t]  # progress before turn t
+        after = ep.progress[b, t + 2 : t + window + 2]  # after turns t+1 .. t+window
+        won = 0 < ep.first_success_turn[b] <= t + window + 1
+        out[b] = float(won or bool(np.any(after > before + 1e-6)))
+    return out
+
+
+def first_error_histogram(ep: Episodes, kind: str = "any") -> np.ndarray:
+    """float[num_tasks, Tm + 1]: per task, fraction of attempts whose first error is at turn t
+    (column t, 1-based), column 0 = no error. Rows sum to 1."""
+    first = ep.per_task(ep.first_error_turn(kind))
+    onehot = first[:, :, None] == np.arange(ep.max_turns + 1)[None, None, :]
+    return onehot.mean(1)
+
+
+@dataclasses.dataclass(frozen=True)
+class Decomposition:
+    """Decision quality and recovery of one set of attempts (see the module docstring)."""
+
+    decision_accuracy: Estimate
+    error_rate: Estimate  # errors per active turn
+    recovery: Estimate  # P(success | any error)
+    recovery_by_turn: dict[int, Estimate]  # 1-based turn of the first error -> P(success | it)
+    back_on_track: Estimate  # P(back on track within `window` turns | an error)
+    window: int
+    first_error_hist: np.ndarray  # [Tm + 1] mean fraction of attempts; index 0 = no error
+    first_error_hist_lower: np.ndarray
+    first_error_hist_upper: np.ndarray
+    success: Estimate  # P(success) of these attempts (within their caps)
+    errors: str  # the error kind used
+    num_attempts: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "decision_accuracy": self.decision_accuracy.to_dict(),
+            "error_rate": self.error_rate.to_dict(),
+            "recovery": self.recovery.to_dict(),
+            "recovery_by_turn": {str(t): e.to_dict() for t, e in self.recovery_by_turn.items()},
+            "back_on_track": {**self.back_on_track.to_dict(), "window": self.window},
+            "first_error_hist": {
+                "turn": list(range(len(self.first_error_hist))),
+                "fraction": self.first_error_hist.tolist(),
+                "lower": self.first_error_hist_lower.tolist(),
+                "upper": self.first_error_hist_upper.tolist(),
+            },
+            "success": self.success.to_dict(),
+            "errors": self.errors,
+            "num_attempts": self.num_attempts,
+        }
+
+
+def decompose(
+    ep: Episodes, *, window: int = 3, errors: str = "any", key: int = 0, num_resamples: int = 1000,
+    confidence: float = 0.95,
+) -> Decomposition:
+    """Decision accuracy, error rate, recovery (per first-error turn and pooled), back-on-track rate
+    and the first-error-turn histogram of `ep`, each with bootstrap intervals over tasks."""
+    boot = dict(num_resamples=num_resamples, confidence=confidence)
+    by_turn, pooled = recovery_per_task(ep, errors)
+    err = ep.errors(errors)
+    err_rate = _ratio(ep.per_task(err).sum((1, 2)), ep.per_task(ep.turn_active).sum((1, 2)))
+    track = back_on_track(ep, window, errors)
+    track_task = np.array([np.nanmean(r) if np.isfinite(r).any() else np.nan for r in ep.per_task(track)])
+    hist = first_error_histogram(ep, errors)
+    h_mean, h_lo, h_hi = bootstrap_columns(hist, key=key + 5, **boot)
+    recovery_t = {}
+    for t in range(ep.max_turns):
+        if np.isfinite(by_turn[:, t]).any():
+            recovery_t[t + 1] = estimate(by_turn[:, t], key=key + 100 + t, **boot)
+    return Decomposition(
+        decision_accuracy=estimate(decision_accuracy_per_task(ep), key=key, **boot),
+        error_rate=estimate(err_rate, key=key + 1, **boot),
+        recovery=estimate(pooled, key=key + 2, **boot),
+        recovery_by_turn=recovery_t,
+        back_on_track=estimate(track_task, key=key + 3, **boot),
+        window=window,
+        first_error_hist=np.asarray(h_mean), first_error_hist_lower=np.asarray(h_lo),
+        first_error_hist_upper=np.asarray(h_hi),
+        success=estimate(ep.per_task(ep.success).mean(1), key=key + 4, **boot),
+        errors=errors,
+        num_attempts=int(ep.num_tasks * ep.attempts),
+    )
+
+
+# ---- decision accuracy on a fixed probe set -------------------------------------------------------
+#
+# A probe is a state reached by an eps-noisy oracle (bmrl.learn.demos, errors NOT cut), laid out in
+# tokens exactly as a rollout would have shown it: the context `tokens[:context_len]` ends right
+# before the reply of turn `turn`. The set depends only on (env, tasks, seed, noise), never on the
+# policy, so two policies are compared on the same states.
+
+
+@dataclasses.dataclass(frozen=True)
+class ProbeSet:
+    """S probe states. tokens int32[S, L] (context then padding), context_len/turn/oracle_action
+    int32[S]; for scripted policies the demo replay: tasks {"seed": [S]}, keys [S], actions
+    int32[S, Tm], caps int32[S]."""
+
+    tokens: np.ndarray
+    context_len: np.ndarray
+    turn: np.ndarray
+    oracle_action: np.ndarray
+    tasks: dict[str, np.ndarray]
+    keys: Any
+    actions: np.ndarray
+    caps: np.ndarray
+    seed: int
+    noise: float
+
+    @property
+    def size(self) -> int:
+        return int(self.turn.shape[0])
+
+
+@dataclasses.dataclass(frozen=True)
+class ProbeResult:
+    """The policy's action in every probe state and the accuracy P(action == oracle) with interval."""
+
+    action: np.ndarray  # int32[S]
+    correct: np.ndarray  # bool[S]
+    turn: np.ndarray  # int32[S] 0-based turn of the probe
+    accuracy: Estimate
+    seed: int
+    noise: float
+
+    def to_dict(self) -> dict[str, Any]:
+        turns = np.unique(self.turn)
+        return {
+            "accuracy": self.accuracy.to_dict(), "states": int(self.correct.size), "seed": self.seed, "noise": self.noise,
+            "accuracy_by_turn": {str(int(t) + 1): float(self.correct[self.turn == t].mean()) for t in turns},
+            "invalid_rate": float((self.action < 0).mean()),
+        }
+
+
+def probe_set(
+    env, fmt, tasks: Mapping[str, Any], *, num_states: int, seed: int, noise: float = 0.25, num_turns: int,
+    max_len: int, reserve: int = 0,
+) -> ProbeSet:
+    """`num_states` probe states: demo i plays task i mod N with the eps-noisy oracle (errors not
+    cut) and one of its turns is drawn uniformly, among those whose context + `reserve` tokens (the
+    reply) fits `max_len`. Deterministic in `seed`."""
+    import jax
+    import jax.numpy as jnp
+
+    from bmrl.learn.demos import make_demos
+
+    n = int(np.shape(jax.tree.leaves(tasks)[0])[0])
+    if num_states < 1:
+        raise ValueError(f"num_states must be >= 1, got {num_states}.")
+    rows = np.arange(num_states) % n
+    sel = {k: np.asarray(v)[rows] for k, v in tasks.items()}
+    keys = jax.random.split(jax.random.key(seed), num_states)
+    demos = make_demos(env, fmt, sel, keys, num_turns=num_turns, max_len=max_len, noise=noise, cut_after_error=False)
+    d = jax.tree.map(np.asarray, demos)
+    ok = d.turn_active & (d.reply_start >= 0) & (d.reply_start + reserve <= max_len)
+    if not ok.any(1).all():
+        bad = int(np.flatnonzero(~ok.any(1))[0])
+        raise ValueError(f"probe demo {bad} has no turn whose context fits max_len={max_len}; raise max_len.")
+    rng = np.random.default_rng(seed)
+    turn = np.array([rng.choice(np.flatnonzero(r)) for r in ok], np.int32)
+    s = np.arange(num_states)
+    context_len = d.reply_start[s, turn].astype(np.int32)
+    tokens = np.where(np.arange(max_len)[None, :] < context_len[:, None], d.tokens, fmt.pad_id).astype(np.int32)
+    actions = np.where(d.action >= 0, d.action, 0).astype(np.int32)
+    return ProbeSet(
+        tokens=tokens, context_len=context_len, turn=turn, oracle_action=d.oracle_action[s, turn].astype(np.int32),
+        tasks=sel, keys=keys, actions=actions, caps=np.asarray(d.caps, np.int32), seed=int(seed), noise=float(noise),
+    )
+
+
+def probe_accuracy(policy, env, probes: ProbeSet, rollout_cfg, *, key: Any = 0, fmt=None,
+                   num_resamples: int = 1000, confidence: float = 0.95) -> ProbeResult:
+    """The policy replies once in every probe state (sampled with `rollout_cfg.sampling`, a fixed
+    key per state); accuracy = P(parsed action == oracle action), bootstrap over states.
+
+    `policy` is an nnx.Module (generates a reply from the probe context) or a scripted policy
+    `(key, env, state) -> action` (acts in the replayed state).
+    """
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    if isinstance(key, (int, np.integer)):
+        key = jax.random.key(int(key))
+    keys = jax.random.split(key, probes.size)
+    if isinstance(policy, nnx.Module):
+        from bmrl.rollout import default_format, parse_replies
+
+        fmt = fmt or default_format(env)
+        if probes.tokens.shape[1] != rollout_cfg.max_len:
+            raise ValueError(
+                f"the probe set was built with max_len={probes.tokens.shape[1]} but rollout_cfg.max_len="
+                f"{rollout_cfg.max_len}; build it with the same max_len."
+            )
+        graphdef, params = nnx.split(policy)
+        generate = _generate_fn(graphdef, fmt, rollout_cfg)
+        tok_keys = jax.vmap(lambda k: jax.random.fold_in(k, 1))(keys)
+        reply, reply_len, _, _ = generate(
+            params, jnp.asarray(probes.tokens), jnp.asarray(probes.context_len), jnp.ones((probes.size,), bool),
+            tok_keys, jnp.int32(0),
+        )
+        action, _ = jax.jit(functools.partial(parse_replies, env, fmt))(reply, jnp.maximum(reply_len - 1, 0))
+    elif callable(policy):
+        action = _scripted_probe_fn(policy, env, probes.actions.shape[1])(
+            probes.tasks, probes.keys, jnp.asarray(probes.actions), jnp.asarray(probes.caps), jnp.asarray(probes.turn), keys
+        )
+    else:
+        raise TypeError(f"policy must be an nnx.Module or a scripted policy, got {type(policy).__name__}.")
+    action = np.asarray(action, np.int32)
+    correct = action == probes.oracle_action
+    acc = estimate(correct.astype(float), key=17, num_resamples=num_resamples, confidence=confidence)
+    return ProbeResult(action=action, correct=correct, turn=probes.turn, accuracy=acc, seed=probes.seed, noise=probes.noise)
+
+
+@functools.lru_cache(maxsize=16)
+def _generate_fn(graphdef, fmt, cfg):
+    from bmrl.rollout_baseline import _make_generate
+
+    return _make_generate(graphdef, fmt, cfg)
+
+
+@functools.lru_cache(maxsize=16)
+def _scripted_probe_fn(policy, env, num_turns: int):
+    """jitted replay of the demo actions up to each probe's turn (same keys as bmrl.learn.demos),
+    then the scripted policy's action in that state."""
+    import jax
+    import jax.numpy as jnp
+
+    def one(task, row_key, actions, cap, turn, key):
+        env_key = jax.random.fold_in(row_key, 0)
+        state, _ = env.reset(env_key, task, cap)
+
+        def step(state, t):
+            new, _, _, _, _ = env.step(jax.random.fold_in(env_key, t + 1), state, actions[t], cap - (t + 1))
+            return jax.tree.map(lambda a, b: jnp.where(t < turn, b, a), state, new), None
+
+        state, _ = jax.lax.scan(step, state, jnp.arange(num_turns))
+        return jnp.asarray(policy(key, env, state), jnp.int32)
+
+    return jax.jit(jax.vmap(one))

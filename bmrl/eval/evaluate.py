@@ -1,0 +1,459 @@
+"""The evaluation harness: a Pass@(K,T) surface of a policy on held-out tasks, with its decomposition.
+
+    result = evaluate(policy, env, {"seed": test_seeds}, ts=[1, 2, 4, 8], ks=[1, 2, 4], attempts=8,
+                      rollout_cfg=cfg, key=jax.random.key(0), mode="exact")
+
+Modes:
+- `exact`: every T of the grid is run for real. One batch of rows (task, attempt, T) with cap T per
+  row goes through the compiled rollout (caps are data, so the whole grid is one compile; a large
+  batch runs in equal-size chunks of one shape). Column T of the surface uses the attempts run with
+  cap T. Valid whether or not the policy sees its budget.
+- `truncate`: each (task, attempt) runs once with the largest T; column T counts the attempts that
+  first succeeded by turn T. Valid only when the policy cannot see its budget.
+- `both`: exact, plus the truncation of its largest-T rows (which ARE the truncate run: same keys,
+  same cap), and the largest |exact - truncate| over the grid.
+
+Key layout: the key of a row depends only on (task index, attempt), never on its cap:
+`fold_in(fold_in(key, task_index), attempt)`. With the budget hidden the first T turns of a cap-T
+row and of the cap-max(T) row are then the same computation, so truncation equals the exact run
+exactly (not just in distribution); with the budget shown the observations differ and so may the
+runs. Two policies evaluated with the same key see the same environment randomness (paired).
+
+`policy` is an `nnx.Module` (a language-model policy, run by `bmrl.rollout`) or a scripted policy
+`(key, env, state) -> action id` (`bmrl.envs.scripted`), run by a jitted scan with the same caps,
+keys and error injection: the oracle gives a ground truth for the estimator.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from bmrl.envs.base import INVALID, Env
+from bmrl.eval.bootstrap import SurfaceInterval, bootstrap_mean
+from bmrl.eval.decompose import Decomposition, Episodes, Estimate, decompose, estimate
+from bmrl.eval.passkt import pass_at_kt_per_task
+from bmrl.formats import Format
+from bmrl.rollout import Injection, RolloutConfig, _cached_rollout, check_caps, check_config, default_format
+
+MODES = ("exact", "truncate", "both")
+TRUNCATION_WARNING = (
+    "env.show_budget is on: the policy sees its turn budget, so truncating a cap-{tmax} run at T is "
+    "not the same as running it with cap T; the truncated surface is not a valid Pass@(K,T). Use mode='exact'."
+)
+
+
+@dataclasses.dataclass
+class EvalResult:
+    """What `evaluate` measured. N = tasks, A = attempts, K = len(ks), T = len(ts).
+
+    first_success_turn: int32[N, A, T], column j = the attempts that count for T = ts[j] (exact: run
+      with cap ts[j]; truncate: the cap-max(ts) run, 0 if it first succeeded after ts[j]).
+    per_task: float64[N, K, T] unbiased per-task Pass@(k,T); surface: their mean with intervals.
+    episodes: per-turn records of the cap-max(ts) attempts (decomposition, plots).
+    """
+
+    env: str
+    mode: str
+    ks: tuple[int, ...]
+    ts: tuple[int, ...]
+    attempts: int
+    num_tasks: int
+    show_budget: bool
+    tasks: dict[str, np.ndarray]
+    first_success_turn: np.ndarray
+    per_task: np.ndarray
+    surface: SurfaceInterval
+    episodes: Episodes
+    decomposition: Decomposition
+    metrics: dict[str, Estimate]
+    surface_truncate: SurfaceInterval | None = None
+    max_abs_difference: float | None = None
+    injection: dict[str, Any] | None = None  # {"turns": [...], "prob": p} when errors were injected
+    warnings: list[str] = dataclasses.field(default_factory=list)
+    compiles: int = 0
+    probe: Any = None  # decompose.ProbeResult, attached by `attach_probe`
+    injected: "EvalResult | None" = None  # the same evaluation under error injection (`attach_injection`)
+    grid_action: np.ndarray | None = None  # int32[N, A, T, Tm]: exact modes, the actions of every row of the grid
+    grid_logprob: np.ndarray | None = None  # float32[N, A, T, Tm]: exact modes, per-turn log-prob of the sampled reply
+
+    def pass1(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(estimate, lower, upper) of Pass@(1,T) over ts (needs 1 in ks)."""
+        if 1 not in self.ks:
+            raise ValueError(f"Pass@(1,T) needs K=1 on the grid; ks={list(self.ks)}.")
+        i = self.ks.index(1)
+        return self.surface.estimate[i], self.surface.lower[i], self.surface.upper[i]
+
+    def summary(self) -> dict[str, Any]:
+        """Headline numbers: Pass@(1,T) at the smallest (its minimum over T) and largest T, the area
+        under the surface (its mean over the grid), decision accuracy, recovery, injection and probes."""
+        out: dict[str, Any] = {"env": self.env, "mode": self.mode, "tasks": self.num_tasks, "attempts": self.attempts}
+        if 1 in self.ks:
+            est, lo, hi = self.pass1()
+            j = int(np.argmin(est))
+            out["pass1_min_over_T"] = {"T": self.ts[j], "mean": float(est[j]), "lower": float(lo[j]), "upper": float(hi[j])}
+            out["pass1_at_max_T"] = {"T": self.ts[-1], "mean": float(est[-1]), "lower": float(lo[-1]), "upper": float(hi[-1])}
+            out["pass1_by_T"] = {str(t): float(v) for t, v in zip(self.ts, est)}
+        area = estimate(self.per_task.mean(axis=(1, 2)), key=7, num_resamples=self.surface.num_resamples)
+        out["area"] = area.to_dict()
+        d = self.decomposition
+        out["decision_accuracy"] = d.decision_accuracy.to_dict()
+        out["recovery"] = d.recovery.to_dict()
+        out["back_on_track"] = {**d.back_on_track.to_dict(), "window": d.window}
+        out["error_rate"] = d.error_rate.to_dict()
+        if self.probe is not None:
+            out["probe_accuracy"] = self.probe.accuracy.to_dict()
+        if self.injected is not None:
+            inj = self.injected
+            out["injected"] = {
+                **(inj.injection or {}),
+                "pass1_by_T": {str(t): float(v) for t, v in zip(inj.ts, inj.pass1()[0])} if 1 in inj.ks else {},
+                "recovery": inj.decomposition.recovery.to_dict(),
+                "back_on_track": inj.decomposition.back_on_track.to_dict(),
+            }
+        if self.max_abs_difference is not None:
+            out["max_abs_exact_minus_truncate"] = self.max_abs_difference
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: settings, surfaces, metrics, decomposition (no per-turn arrays)."""
+        out = {
+            **self.summary(),
+            "ks": list(self.ks), "ts": list(self.ts), "show_budget": self.show_budget,
+            "surface": self.surface.to_dict(),
+            "metrics": {k: v.to_dict() for k, v in self.metrics.items()},
+            "decomposition": self.decomposition.to_dict(),
+            "injection": self.injection,
+            "warnings": list(self.warnings),
+            "compiles": self.compiles,
+        }
+        if self.surface_truncate is not None:
+            out["surface_truncate"] = self.surface_truncate.to_dict()
+        if self.probe is not None:
+            out["probe"] = self.probe.to_dict()
+        if self.injected is not None:
+            out["injected_eval"] = self.injected.to_dict()
+        return out
+
+
+# ---- keys and rows -------------------------------------------------------------------------------
+
+
+def attempt_keys(key: jax.Array | int, num_tasks: int, attempts: int) -> np.ndarray:
+    """Raw uint32 keys [num_tasks * attempts, 2]: row i * attempts + a holds the data of
+    fold_in(fold_in(key, i), a). Raw (numpy) so that selecting rows compiles nothing."""
+    if isinstance(key, (int, np.integer)):
+        key = jax.random.key(int(key))
+    return np.asarray(_attempt_keys(key, int(num_tasks), int(attempts)))
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2))
+def _attempt_keys(key: jax.Array, num_tasks: int, attempts: int) -> jax.Array:
+    if not jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
+        key = jax.random.wrap_key_data(key)
+    per_task = jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.arange(num_tasks))
+    keys = jax.vmap(lambda k: jax.vmap(lambda a: jax.random.fold_in(k, a))(jnp.arange(attempts)))(per_task)
+    return jax.random.key_data(keys.reshape(-1))
+
+
+def _num_tasks(tasks: Any) -> int:
+    leaves = jax.tree.leaves(tasks)
+    if not leaves:
+        raise ValueError("tasks is empty: give a pytree of arrays [num_tasks], e.g. {'seed': seeds}.")
+    n = {int(np.shape(x)[0]) if np.ndim(x) else -1 for x in leaves}
+    if len(n) != 1 or min(n) < 1:
+        raise ValueError(f"every leaf of tasks must be an array [num_tasks] with the same num_tasks >= 1; got leading sizes {sorted(n)}.")
+    return n.pop()
+
+
+def _check_grid(ts: Sequence[int], ks: Sequence[int], attempts: int, cfg: RolloutConfig) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    ts_ = tuple(sorted({int(t) for t in ts}))
+    ks_ = tuple(sorted({int(k) for k in ks}))
+    if not ts_ or ts_[0] < 1 or ts_[-1] > cfg.max_turns:
+        raise ValueError(f"every T must be in [1, rollout max_turns={cfg.max_turns}], got ts={list(ts)}; raise max_turns.")
+    if not ks_ or ks_[0] < 1 or ks_[-1] > attempts:
+        raise ValueError(f"every K must be in [1, attempts={attempts}], got ks={list(ks)}; sample more attempts.")
+    return ts_, ks_
+
+
+# ---- running attempts ----------------------------------------------------------------------------
+
+
+def _take(tree: Any, rows: np.ndarray) -> Any:
+    return jax.tree.map(lambda x: np.asarray(x)[rows], tree)
+
+
+def _run_rows(runner: Callable, tasks: Any, caps: np.ndarray, keys: np.ndarray, chunk: int) -> dict[str, np.ndarray]:
+    """Run rows in chunks of exactly `chunk` rows (the last padded by repeating row 0), concatenated."""
+    total = caps.shape[0]
+    outs = []
+    for start in range(0, total, chunk):
+        rows = np.arange(start, start + chunk)
+        rows = np.where(rows < total, rows, 0)
+        out = runner(_take(tasks, rows), caps[rows].astype(np.int32), keys[rows])
+        n = min(chunk, total - start)
+        get = (lambda f: out[f]) if isinstance(out, dict) else (lambda f: getattr(out, f))
+        rec = {f: np.asarray(get(f))[:n] for f in _FIELDS}
+        rec["turn_logprob"] = _turn_logprob(out, n, rec["action"].shape[1])
+        outs.append(rec)
+    return {f: np.concatenate([o[f] for o in outs]) for f in outs[0]}
+
+
+def _turn_logprob(out: Any, n: int, max_turns: int) -> np.ndarray:
+    """float32[n, Tm]: summed log-prob of the tokens the policy sampled at each turn (0 for scripted)."""
+    if isinstance(out, dict):
+        return np.zeros((n, max_turns), np.float32)
+    lp = np.asarray(out.logprobs)[:n] * np.asarray(out.loss_mask)[:n]
+    turn = np.asarray(out.turn_of_token)[:n]
+    res = np.zeros((n, max_turns + 1), np.float64)
+    rows = np.broadcast_to(np.arange(n)[:, None], turn.shape)
+    np.add.at(res, (rows, np.where(turn >= 0, turn, max_turns)), lp)
+    return res[:, :max_turns].astype(np.float32)
+
+
+_FIELDS = Episodes.FIELDS + ("overflow", "truncated", "format_error")
+
+
+def _lm_runner(policy: nnx.Module, env: Env, fmt: Format, cfg: RolloutConfig, inject: Injection):
+    graphdef, params = nnx.split(policy)
+    run = _cached_rollout(graphdef, env, fmt, cfg)
+    return (lambda tasks, caps, keys: run(params, tasks, caps, keys, inject)), run.trace_count
+
+
+@functools.lru_cache(maxsize=32)
+def _scripted_fn(policy: Callable, env: Env, max_turns: int):
+    """jitted (tasks, caps, keys, inject) -> per-turn dict, a scan over max_turns with caps as data."""
+    traces = [0]
+
+    def one(task, cap, key, inject):
+        env_key, pol_key = jax.random.fold_in(key, 0), jax.random.fold_in(key, 2)
+        state, _ = env.reset(env_key, task, cap)
+        p0 = env.progress(state)
+
+        def turn(carry, t):
+            state, done, prog = carry
+            active = ~done & (t < cap)
+            step_key = jax.random.fold_in(env_key, t + 1)
+            act = jnp.asarray(policy(jax.random.fold_in(pol_key, t), env, state), jnp.int32)
+            oracle = env.oracle_action(state).astype(jnp.int32)
+            inj_key = jax.random.fold_in(step_key, 0x5EED)
+            wrong = jax.random.randint(jax.random.fold_in(inj_key, 1), (), 0, max(env.num_actions - 1, 1))
+            wrong = jnp.where(wrong >= oracle, wrong + 1, wrong).astype(jnp.int32)
+            injected = active & inject.turns[t] & (jax.random.uniform(inj_key) < inject.prob) & (env.num_actions > 1)
+            act = jnp.where(injected, wrong, act)
+            new_state, _, _, term, info = env.step(step_key, state, act, cap - (t + 1))
+            state = jax.tree.map(lambda a, b: jnp.where(active, b, a), state, new_state)
+            prog = jnp.where(active, info.progress, prog)
+            won = active & info.success
+            rec = dict(
+                action=jnp.where(active, act, INVALID), oracle_action=jnp.where(active, info.oracle_action, INVALID),
+                error=active & info.error, invalid=active & info.invalid, injected=injected,
+                turn_active=active, progress=prog, won=won, term=active & term,
+            )
+            return (state, done | (active & (term | won)), prog), rec
+
+        (_, _, _), rec = jax.lax.scan(turn, (state, jnp.bool_(False), p0), jnp.arange(max_turns))
+        success = rec["won"].any()
+        turns_used = rec["turn_active"].sum().astype(jnp.int32)
+        return dict(
+            action=rec["action"], oracle_action=rec["oracle_action"], error=rec["error"], invalid=rec["invalid"],
+            injected=rec["injected"], turn_active=rec["turn_active"],
+            progress=jnp.concatenate([p0[None], rec["progress"]]),
+            success=success, first_success_turn=jnp.where(success, jnp.argmax(rec["won"]) + 1, 0).astype(jnp.int32),
+            caps=cap, turns_used=turns_used, overflow=jnp.bool_(False),
+            truncated=~success & ~rec["term"].any() & (turns_used >= cap),
+            format_error=jnp.zeros((max_turns,), bool),
+        )
+
+    def run(tasks, caps, keys, inject):
+        traces[0] += 1
+        return jax.vmap(one, in_axes=(0, 0, 0, None))(tasks, caps, keys, inject)
+
+    jitted = jax.jit(run)
+    return jitted, (lambda: traces[0])
+
+
+def _scripted_runner(policy: Callable, env: Env, cfg: RolloutConfig, inject: Injection):
+    fn, count = _scripted_fn(policy, env, cfg.max_turns)
+    return (lambda tasks, caps, keys: fn(tasks, caps, keys, inject)), count
+
+
+# ---- the harness ---------------------------------------------------------------------------------
+
+
+def evaluate(
+    policy: nnx.Module | Callable,
+    env: Env,
+    tasks: Any,
+    *,
+    ts: Sequence[int],
+    ks: Sequence[int],
+    attempts: int,
+    rollout_cfg: RolloutConfig,
+    key: jax.Array | int,
+    mode: str = "exact",
+    fmt: Format | None = None,
+    bootstrap: int = 1000,
+    inject: Injection | None = None,
+    chunk_size: int = 256,
+    window: int = 3,
+    errors: str = "any",
+    confidence: float = 0.95,
+) -> EvalResult:
+    """Pass@(K,T) of `policy` on `tasks` ({"seed": int32[N]} ...) over the grid ks x ts.
+
+    mode: "exact" (every T run with cap T, one compile), "truncate" (the largest T once, truncated)
+    or "both" (exact, plus the truncation and the largest |difference|). `attempts` per task (K <=
+    attempts). `chunk_size`: rows per rollout call (every call has this shape; default 256, capped
+    at num_tasks * attempts so exact and truncate share one compiled program). `inject`: forced
+    wrong actions (`Injection.at(max_turns, turns, prob)`). `window`/`errors`: see
+    `bmrl.eval.decompose`. Intervals: percentile bootstrap over tasks with `bootstrap` resamples.
+    """
+    if mode not in MODES:
+        raise ValueError(f"mode {mode!r} is unknown; choose one of {', '.join(MODES)}.")
+    if not isinstance(bootstrap, (int, np.integer)) or (bootstrap != 0 and bootstrap < 10):
+        raise ValueError(f"bootstrap must be 0 (no intervals) or an integer >= 10 resamples, got {bootstrap!r}.")
+    if not isinstance(attempts, (int, np.integer)) or attempts < 1:
+        raise ValueError(f"attempts must be an integer >= 1, got {attempts!r}.")
+    ts, ks = _check_grid(ts, ks, int(attempts), rollout_cfg)
+    num_tasks = _num_tasks(tasks)
+    tasks = jax.tree.map(np.asarray, tasks)
+    tmax = ts[-1]
+    inject = inject if inject is not None else Injection.none(rollout_cfg.max_turns)
+    if np.shape(inject.turns) != (rollout_cfg.max_turns,):
+        raise ValueError(f"inject.turns must be bool[max_turns={rollout_cfg.max_turns}], got {np.shape(inject.turns)}.")
+    if isinstance(policy, nnx.Module):
+        fmt = fmt or default_format(env)
+        check_config(env, fmt, rollout_cfg, ts[0])
+        runner, trace_count = _lm_runner(policy, env, fmt, rollout_cfg, inject)
+    elif callable(policy):
+        runner, trace_count = _scripted_runner(policy, env, rollout_cfg, inject)
+    else:
+        raise TypeError(f"policy must be an nnx.Module or a scripted policy (key, env, state) -> action, got {type(policy).__name__}.")
+
+    base = num_tasks * attempts
+    chunk = max(1, min(int(chunk_size), base))
+    keys = attempt_keys(key, num_tasks, attempts)
+    task_of_row = np.repeat(np.arange(num_tasks), attempts)  # row = task * attempts + attempt
+    before = trace_count()
+    if mode == "truncate":
+        caps = np.full((base,), tmax, np.int32)
+        check_caps(caps, rollout_cfg)
+        out = _run_rows(runner, _take(tasks, task_of_row), caps, keys, chunk)
+        fst_max = out["first_success_turn"].reshape(num_tasks, attempts)
+        fst = _truncate(fst_max, ts)
+        big, grid_action, grid_logprob = out, None, None
+    else:
+        # rows (task, attempt, T) with T fastest; the key of a row is its (task, attempt) key.
+        caps = np.tile(np.asarray(ts, np.int32), base)
+        check_caps(caps, rollout_cfg)
+        out = _run_rows(runner, _take(tasks, np.repeat(task_of_row, len(ts))), caps, np.repeat(keys, len(ts), axis=0), chunk)
+        fst = out["first_success_turn"].reshape(num_tasks, attempts, len(ts))
+        grid_action = out["action"].reshape(num_tasks, attempts, len(ts), -1)
+        grid_logprob = out["turn_logprob"].reshape(num_tasks, attempts, len(ts), -1)
+        last = np.arange(base) * len(ts) + len(ts) - 1
+        big = {f: v[last] for f, v in out.items()}
+    compiles = trace_count() - before
+
+    boot = dict(num_resamples=int(bootstrap), confidence=confidence)
+    per_task = _per_task_surface(fst, ks, ts)
+    surface = _surface(per_task, ks, ts, key=0, **boot)
+    result_warnings: list[str] = []
+    surface_tr, max_diff = None, None
+    if mode == "both":
+        fst_tr = _truncate(fst[:, :, -1], ts)
+        surface_tr = _surface(_per_task_surface(fst_tr, ks, ts), ks, ts, key=0, **boot)
+        max_diff = float(np.abs(surface.estimate - surface_tr.estimate).max())
+    if env.show_budget and mode in ("truncate", "both"):
+        result_warnings.append(TRUNCATION_WARNING.format(tmax=tmax))
+    overflow = out["overflow"]
+    if overflow.any():
+        result_warnings.append(
+            f"{int(overflow.sum())} of {overflow.size} attempts ran out of the context buffer "
+            f"(max_len={rollout_cfg.max_len}) before their cap: they count as failures. Raise rollout max_len."
+        )
+    for w in result_warnings:
+        warnings.warn(w, stacklevel=2)
+
+    episodes = Episodes.from_arrays(big, num_tasks, attempts)
+    metrics = _metrics(big, episodes, boot)
+    return EvalResult(
+        env=env.name, mode=mode, ks=ks, ts=ts, attempts=int(attempts), num_tasks=num_tasks,
+        show_budget=bool(env.show_budget), tasks={k: np.asarray(v) for k, v in dict(tasks).items()} if isinstance(tasks, dict) else tasks,
+        first_success_turn=fst, per_task=per_task, surface=surface, episodes=episodes,
+        decomposition=decompose(episodes, window=window, errors=errors, **boot),
+        metrics=metrics, surface_truncate=surface_tr, max_abs_difference=max_diff,
+        injection=_describe(inject), warnings=result_warnings, compiles=int(compiles), grid_action=grid_action,
+        grid_logprob=grid_logprob,
+    )
+
+
+def _truncate(fst_max: np.ndarray, ts: Sequence[int]) -> np.ndarray:
+    """[N, A] first-success turns of cap-max runs -> [N, A, T]: kept where <= T, else 0."""
+    t = np.asarray(ts)[None, None, :]
+    f = fst_max[:, :, None]
+    return np.where((f > 0) & (f <= t), f, 0).astype(np.int32)
+
+
+def _per_task_surface(fst: np.ndarray, ks: Sequence[int], ts: Sequence[int]) -> np.ndarray:
+    """[N, A, T] (column j counts for ts[j]) -> unbiased per-task Pass@(k,T) [N, K, T]."""
+    cols = [pass_at_kt_per_task(fst[:, :, j], ks, [t])[:, :, 0] for j, t in enumerate(ts)]
+    return np.stack(cols, axis=-1)
+
+
+def _surface(per_task: np.ndarray, ks, ts, *, key: int, num_resamples: int, confidence: float) -> SurfaceInterval:
+    if num_resamples == 0:  # intervals switched off
+        est = per_task.mean(axis=0)
+        return SurfaceInterval(est, est, est, tuple(ks), tuple(ts), float(confidence), 0, per_task.shape[0])
+    est, lo, hi = bootstrap_mean(per_task, key=key, num_resamples=num_resamples, confidence=confidence)
+    return SurfaceInterval(est, lo, hi, tuple(ks), tuple(ts), float(confidence), int(num_resamples), per_task.shape[0])
+
+
+def _metrics(big: dict[str, np.ndarray], ep: Episodes, boot: dict) -> dict[str, Estimate]:
+    """Trajectory-derived per-task metrics of the cap-max(ts) attempts, with intervals."""
+    acted = ep.per_task(ep.turn_active).sum((1, 2)).astype(float)
+    won = ep.per_task(ep.success)
+    turns_to_success = np.where(won, ep.per_task(ep.first_success_turn), 0).sum(1)
+
+    def ratio(num, den):
+        num, den = np.asarray(num, float), np.asarray(den, float)
+        return np.divide(num, den, out=np.full(num.shape, np.nan), where=den > 0)
+
+    per_task = {
+        "success": won.mean(1),
+        "turns_used": ep.per_task(ep.turns_used).mean(1),
+        "turns_to_success": ratio(turns_to_success, won.sum(1)),
+        "invalid_rate": ratio(ep.per_task(ep.invalid & ep.turn_active).sum((1, 2)), acted),
+        "env_error_rate": ratio(ep.per_task(ep.error & ep.turn_active).sum((1, 2)), acted),
+        "truncated": ep.per_task(big["truncated"]).mean(1),
+        "overflow": ep.per_task(big["overflow"]).mean(1),
+    }
+    return {name: estimate(v, key=11 + i, **boot) for i, (name, v) in enumerate(per_task.items())}
+
+
+def _describe(inject: Injection) -> dict[str, Any] | None:
+    turns = np.flatnonzero(np.asarray(inject.turns)).tolist()
+    prob = float(np.asarray(inject.prob))
+    if not turns or prob <= 0:
+        return None
+    return {"turns": [t + 1 for t in turns], "prob": prob}  # 1-based turns, like first_success_turn
+
+
+def attach_injection(result: EvalResult, policy: nnx.Module | Callable, env: Env, tasks: Any, *, turns: Sequence[int],
+                     prob: float, rollout_cfg: RolloutConfig, key: jax.Array | int, **kwargs) -> EvalResult:
+    """Evaluate again with errors injected at the 0-based `turns` with probability `prob` (same keys,
+    grid and attempts as `result`), store it as `result.injected` and return `result`."""
+    inject = Injection.at(rollout_cfg.max_turns, turns, prob)
+    result.injected = evaluate(
+        policy, env, tasks, ts=result.ts, ks=result.ks, attempts=result.attempts, rollout_cfg=rollout_cfg,
+        key=key, mode="exact", inject=inject, bootstrap=result.surface.num_resamples, **kwargs,
+    )
+    return result

@@ -1,0 +1,385 @@
+"""Evaluation reports: JSON, PNG plots and a markdown report for one or several named policies.
+
+    paths, summary = write_report("runs/eval", {"base": r0, "rl": r1}, baseline="base")
+
+For every policy: its Pass@(K,T) heatmap and table, trajectory metrics and the decomposition
+(decision accuracy on-policy and on the probe set, recovery, back on track, first-error turns, error
+injection). With a baseline: paired differences (same tasks, same keys) of every other policy
+against it, as a surface with intervals and significance marks, a budget audit at the smallest T,
+and paired differences of decision accuracy and recovery, followed by one plain sentence saying
+whether the gain looks like better decisions or better recovery.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from bmrl.eval import audit, plots
+from bmrl.eval.bootstrap import SurfaceInterval, bootstrap_mean
+from bmrl.eval.decompose import Estimate, decision_accuracy_per_task, estimate, recovery_per_task
+from bmrl.eval.evaluate import EvalResult
+
+ESTIMATOR = (
+    "Pass@(K,T) is the unbiased estimator 1 - C(n - c(T), K) / C(n, K) per task (n attempts, c(T) of "
+    "them succeeded within T turns), averaged over tasks; intervals are 95% percentile bootstraps over tasks"
+)
+
+
+def _check_same_tasks(a: EvalResult, b: EvalResult, names: tuple[str, str]) -> None:
+    if a.num_tasks != b.num_tasks or a.ts != b.ts or a.ks != b.ks:
+        raise ValueError(
+            f"{names[0]} and {names[1]} cannot be paired: tasks {a.num_tasks} vs {b.num_tasks}, ts {a.ts} vs "
+            f"{b.ts}, ks {a.ks} vs {b.ks}. Evaluate both on the same tasks and grid."
+        )
+    for k in set(a.tasks) & set(b.tasks):
+        if not np.array_equal(np.asarray(a.tasks[k]), np.asarray(b.tasks[k])):
+            raise ValueError(f"{names[0]} and {names[1]} were evaluated on different tasks ({k!r} differs); row i must be the same task.")
+
+
+def paired_surface(a: EvalResult, b: EvalResult, *, key: int = 0, names: tuple[str, str] = ("a", "b")) -> SurfaceInterval:
+    """Pass@(K,T) of a minus b on the same tasks, with a paired bootstrap interval (the per-task
+    difference resampled over tasks, as `bmrl.eval.bootstrap.paired_difference` does)."""
+    _check_same_tasks(a, b, names)
+    diff = a.per_task - b.per_task
+    if a.surface.num_resamples == 0:
+        est = diff.mean(0)
+        return SurfaceInterval(est, est, est, a.ks, a.ts, a.surface.confidence, 0, a.num_tasks)
+    est, lo, hi = bootstrap_mean(diff, key=key, num_resamples=a.surface.num_resamples, confidence=a.surface.confidence)
+    return SurfaceInterval(est, lo, hi, a.ks, a.ts, a.surface.confidence, a.surface.num_resamples, a.num_tasks)
+
+
+def _paired_metric(va: np.ndarray, vb: np.ndarray, key: int, num_resamples: int) -> Estimate:
+    """Mean difference of a per-task metric over tasks where both are defined, with its interval."""
+    return estimate(np.where(np.isfinite(va) & np.isfinite(vb), va - vb, np.nan), key=key, num_resamples=num_resamples)
+
+
+def paired_decomposition(a: EvalResult, b: EvalResult, *, names: tuple[str, str] = ("a", "b")) -> dict[str, Estimate]:
+    """a - b in decision accuracy (on-policy; on the probe set when both have it), recovery, and
+    success under injected errors (when both have it), paired over tasks (or probe states)."""
+    _check_same_tasks(a, b, names)
+    r = a.surface.num_resamples
+    out = {
+        "decision_accuracy": _paired_metric(decision_accuracy_per_task(a.episodes), decision_accuracy_per_task(b.episodes), 1, r),
+        "recovery": _paired_metric(recovery_per_task(a.episodes, a.decomposition.errors)[1],
+                                   recovery_per_task(b.episodes, b.decomposition.errors)[1], 2, r),
+    }
+    if a.probe is not None and b.probe is not None and a.probe.correct.shape == b.probe.correct.shape:
+        out["probe_accuracy"] = _paired_metric(a.probe.correct.astype(float), b.probe.correct.astype(float), 3, r)
+    if a.injected is not None and b.injected is not None:
+        ia, ib = a.injected, b.injected
+        out["injected_success"] = _paired_metric(ia.episodes.per_task(ia.episodes.success).mean(1),
+                                                 ib.episodes.per_task(ib.episodes.success).mean(1), 4, r)
+        out["injected_recovery"] = _paired_metric(recovery_per_task(ia.episodes)[1], recovery_per_task(ib.episodes)[1], 5, r)
+    return out
+
+
+def _sig(e: Estimate) -> bool:
+    return e.num_tasks > 0 and (e.lower > 0 or e.upper < 0)
+
+
+def _signed(e: Estimate) -> str:
+    if e.num_tasks == 0:
+        return "n/a"
+    return f"{e.mean:+.3f} [{e.lower:+.3f}, {e.upper:+.3f}]" + (" *" if _sig(e) else "")
+
+
+def _verdict(a: str, b: str, d: Mapping[str, Estimate]) -> str:
+    """One plain sentence: is a's difference from b in decisions, in recovery, both or neither?"""
+    dec = d.get("probe_accuracy", d["decision_accuracy"])
+    rec = d.get("injected_recovery", d["recovery"])
+    where = "on the fixed probe states" if "probe_accuracy" in d else "on its own states"
+    parts = []
+    parts.append(
+        f"single-step decision accuracy {where} differs by {_signed(dec)}"
+        + (" (significant)" if _sig(dec) else " (not significant)")
+    )
+    label = "under equalised injected errors" if "injected_recovery" in d else "after its own errors"
+    parts.append(f"recovery {label} differs by {_signed(rec)}" + (" (significant)" if _sig(rec) else " (not significant)"))
+    if _sig(rec) and not _sig(dec):
+        tail = f"so what separates {a} from {b} is recovery after errors, not better single decisions."
+    elif _sig(dec) and not _sig(rec):
+        tail = f"so what separates {a} from {b} is better single decisions, not recovery."
+    elif _sig(dec) and _sig(rec):
+        tail = f"so {a} and {b} differ in both single decisions and recovery."
+    else:
+        tail = "so neither difference is resolved at this sample size."
+    return f"{a} - {b}: " + "; ".join(parts) + "; " + tail
+
+
+def _surface_rows_shown(ts: tuple[int, ...]) -> list[int]:
+    if len(ts) <= 12:
+        return list(ts)
+    return sorted({ts[0], *ts[:: max(1, len(ts) // 8)], ts[-1]})
+
+
+def _metric_table(result: EvalResult) -> str:
+    d = result.decomposition
+    rows = {
+        "success within the largest cap": str(result.metrics["success"]),
+        "turns used": str(result.metrics["turns_used"]),
+        "turns to success (successful attempts)": str(result.metrics["turns_to_success"]),
+        "invalid replies per acted turn": str(result.metrics["invalid_rate"]),
+        "environment errors per acted turn": str(result.metrics["env_error_rate"]),
+        "attempts stopped by the context buffer": str(result.metrics["overflow"]),
+        "decision accuracy (on-policy)": str(d.decision_accuracy),
+        "errors per acted turn": str(d.error_rate),
+        "P(success given an error)": f"{d.recovery} ({d.recovery.num_tasks} tasks with an error)",
+        f"P(back on track within {d.window} turns given an error)": str(d.back_on_track),
+    }
+    if result.probe is not None:
+        p = result.probe
+        rows[f"decision accuracy on the probe set ({p.correct.size} states, noise {p.noise}, seed {p.seed})"] = str(p.accuracy)
+    if result.injected is not None:
+        inj = result.injected
+        what = f"errors injected at turn(s) {inj.injection['turns']} with p={inj.injection['prob']}" if inj.injection else "injection"
+        rows[f"success within the largest cap, {what}"] = str(inj.metrics["success"])
+        rows[f"P(success given an error), {what}"] = str(inj.decomposition.recovery)
+    return audit.markdown_key_values(rows)
+
+
+def _recovery_table(result: EvalResult) -> str:
+    d = result.decomposition
+    hist = d.first_error_hist
+    lines = ["| first error at turn | share of attempts | P(success given it) |", "|---:|---:|---:|"]
+    lines.append(f"| none | {hist[0]:.3f} [{d.first_error_hist_lower[0]:.3f}, {d.first_error_hist_upper[0]:.3f}] | |")
+    for t in range(1, len(hist)):
+        if hist[t] <= 0 and t not in d.recovery_by_turn:
+            continue
+        rec = d.recovery_by_turn.get(t)
+        lines.append(
+            f"| {t} | {hist[t]:.3f} [{d.first_error_hist_lower[t]:.3f}, {d.first_error_hist_upper[t]:.3f}] | "
+            + (f"{rec} ({rec.num_tasks} tasks)" if rec else "") + " |"
+        )
+    return "\n".join(lines)
+
+
+def write_report(
+    out_dir: str | os.PathLike,
+    results: Mapping[str, EvalResult],
+    baseline: str | None = None,
+    *,
+    title: str = "Evaluation report",
+    description: str | None = None,
+    settings: Mapping[str, Any] | None = None,
+    plot: bool = True,
+) -> tuple[dict[str, str], dict[str, Any]]:
+    """Write results.json, PNG plots and report.md for the named `results` into `out_dir`.
+
+    `baseline`: the name every other policy is compared with (paired; default the first name when
+    there are several, none for one). `description`/`settings`: what was evaluated, shown on top.
+    Returns (paths by kind, summary) where summary[name] = `EvalResult.summary()` and
+    summary["comparisons"][f"{name} - {baseline}"] holds the paired differences.
+    """
+    if not results:
+        raise ValueError("write_report needs at least one named EvalResult.")
+    names = list(results)
+    for n in names:
+        if not n or any(c in n for c in "/\\ "):
+            raise ValueError(f"policy name {n!r} must be non-empty without spaces or slashes (it names files).")
+    if baseline is None and len(names) > 1:
+        baseline = names[0]
+    if baseline is not None and baseline not in results:
+        raise ValueError(f"baseline {baseline!r} is not one of the results {names}.")
+    out_dir = os.fspath(out_dir)
+    os.makedirs(out_dir, exist_ok=True)
+    paths: dict[str, str] = {}
+    first = results[names[0]]
+    ks, ts = first.ks, first.ts
+
+    comparisons: dict[str, dict[str, Any]] = {}
+    diffs: dict[str, SurfaceInterval] = {}
+    decomp_diffs: dict[str, dict[str, Estimate]] = {}
+    for n in names:
+        if baseline is None or n == baseline:
+            continue
+        label = f"{n} - {baseline}"
+        diffs[n] = paired_surface(results[n], results[baseline], names=(n, baseline))
+        decomp_diffs[n] = paired_decomposition(results[n], results[baseline], names=(n, baseline))
+        comparisons[label] = {
+            "surface": diffs[n].to_dict(),
+            **{k: v.to_dict() for k, v in decomp_diffs[n].items()},
+            "audit": audit.paired_audit(n, baseline, diffs[n], min(ts), ks=[ks[0]]),
+            "verdict": _verdict(n, baseline, decomp_diffs[n]),
+        }
+
+    summary: dict[str, Any] = {n: r.summary() for n, r in results.items()}
+    summary["comparisons"] = {k: {kk: vv for kk, vv in v.items() if kk != "surface"} for k, v in comparisons.items()}
+
+    if plot:
+        paths.update(_plots(out_dir, results, baseline, diffs))
+
+    data = {
+        "title": title, "estimator": ESTIMATOR, "baseline": baseline, "settings": dict(settings or {}),
+        "policies": {n: r.to_dict() for n, r in results.items()}, "comparisons": comparisons,
+    }
+    paths["json"] = os.path.join(out_dir, "results.json")
+    with open(paths["json"], "w") as f:
+        json.dump(data, f, indent=1, default=_json_default)
+    paths["report"] = os.path.join(out_dir, "report.md")
+    with open(paths["report"], "w") as f:
+        f.write(_markdown(title, description, settings, results, baseline, diffs, comparisons, paths))
+    return paths, summary
+
+
+def _json_default(x: Any) -> Any:
+    if isinstance(x, (np.integer,)):
+        return int(x)
+    if isinstance(x, (np.floating,)):
+        return float(x)
+    if isinstance(x, np.ndarray):
+        return x.tolist()
+    return str(x)
+
+
+def _plots(out_dir: str, results: Mapping[str, EvalResult], baseline: str | None, diffs: Mapping[str, SurfaceInterval]) -> dict[str, str]:
+    paths = {}
+    for n, r in results.items():
+        paths[f"heatmap_{n}"] = plots.plot_surface_heatmap(
+            r.surface.estimate, r.ks, r.ts, os.path.join(out_dir, f"heatmap_{n}.png"), title=f"Pass@(K,T): {n}"
+        )
+    with_k1 = {n: r for n, r in results.items() if 1 in r.ks}
+    if with_k1:
+        ts = next(iter(with_k1.values())).ts
+        paths["pass1"] = plots.plot_pass1_curves(
+            ts, {n: r.pass1() for n, r in with_k1.items()}, os.path.join(out_dir, "pass1_curves.png"), title="Pass@(1,T)"
+        )
+        inj = {n: r.injected.pass1() for n, r in with_k1.items() if r.injected is not None}
+        if inj:
+            paths["pass1_injected"] = plots.plot_pass1_curves(
+                ts, inj, os.path.join(out_dir, "pass1_injected.png"), title="Pass@(1,T) with injected errors"
+            )
+    for n, d in diffs.items():
+        paths[f"difference_{n}"] = plots.plot_difference_heatmap(
+            d.estimate, d.lower, d.upper, d.ks, d.ts, os.path.join(out_dir, f"difference_{n}.png"),
+            title=f"Pass@(K,T): {n} - {baseline}", confidence=d.confidence,
+        )
+    # Decomposition bars: one cluster per metric, one bar per policy.
+    groups = ["decision acc.", "P(success|error)", "back on track"]
+    getters = [lambda r: r.decomposition.decision_accuracy, lambda r: r.decomposition.recovery,
+               lambda r: r.decomposition.back_on_track]
+    if all(r.probe is not None for r in results.values()):
+        groups.insert(1, "probe acc.")
+        getters.insert(1, lambda r: r.probe.accuracy)
+    if all(r.injected is not None for r in results.values()):
+        groups += ["success (inj.)", "P(success|error) (inj.)"]
+        getters += [lambda r: r.injected.metrics["success"], lambda r: r.injected.decomposition.recovery]
+    est = {n: [np.nan_to_num(g(r).mean) for g in getters] for n, r in results.items()}
+    lo = {n: [np.nan_to_num(g(r).lower) for g in getters] for n, r in results.items()}
+    hi = {n: [np.nan_to_num(g(r).upper) for g in getters] for n, r in results.items()}
+    paths["decomposition"] = plots.plot_grouped_bars(
+        groups, est, os.path.join(out_dir, "decomposition.png"), lower=lo, upper=hi,
+        title="Decision quality and recovery (95% intervals)", ylabel="probability",
+    )
+    tm = max(r.episodes.max_turns for r in results.values())
+    turns = [str(t) for t in range(1, tm + 1)]
+    paths["first_error"] = plots.plot_grouped_bars(
+        turns, {n: list(r.decomposition.first_error_hist[1:]) + [0.0] * (tm - r.episodes.max_turns) for n, r in results.items()},
+        os.path.join(out_dir, "first_error_turn.png"), title="Turn of the first error (share of attempts)", ylabel="share of attempts",
+    )
+    return paths
+
+
+def _markdown(title, description, settings, results, baseline, diffs, comparisons, paths) -> str:
+    names = list(results)
+    first = results[names[0]]
+    pct = int(round(100 * first.surface.confidence))
+    lines = [f"# {title}", ""]
+    if description:
+        lines += [description, ""]
+    ts_text = ", ".join(map(str, first.ts))
+    mode_text = {
+        "exact": "every turn cap T was run for real (one batched rollout, caps per attempt)",
+        "truncate": f"each attempt ran once with the largest cap T={first.ts[-1]} and was truncated at every smaller T",
+        "both": "every T was run for real and also derived by truncating the largest-cap runs",
+    }[first.mode]
+    lines += [
+        f"{len(names)} polic{'y' if len(names) == 1 else 'ies'} ({', '.join(names)}) on {first.num_tasks} held-out tasks of "
+        f"`{first.env}`, {first.attempts} attempts per task, K in {{{', '.join(map(str, first.ks))}}}, T in {{{ts_text}}}; "
+        f"{mode_text}. The turn budget was {'SHOWN to' if first.show_budget else 'hidden from'} the policy.",
+        "",
+        f"{ESTIMATOR}.",
+        "",
+    ]
+    if settings:
+        lines += [audit.markdown_key_values(dict(settings)), ""]
+    all_warnings = [f"{n}: {w}" for n, r in results.items() for w in r.warnings]
+    if all_warnings:
+        lines += ["## Warnings", ""] + [f"- {w}" for w in all_warnings] + [""]
+
+    # Headline table and sentences.
+    lines += ["## Summary", ""]
+    head = "| policy | Pass@(1,T) at T=" + f"{first.ts[0]} | Pass@(1,T) at T={first.ts[-1]} | area under Pass@(K,T) | decision accuracy | P(success given an error) |"
+    lines += [head, "|---|---:|---:|---:|---:|---:|"]
+    for n, r in results.items():
+        s = r.summary()
+        p_lo = s.get("pass1_min_over_T", {})
+        p_hi = s.get("pass1_at_max_T", {})
+        fmt = lambda d: f"{d['mean']:.3f} [{d['lower']:.3f}, {d['upper']:.3f}]" if d else "n/a"  # noqa: E731
+        lines.append(
+            f"| {n} | {fmt(p_lo)} | {fmt(p_hi)} | {fmt(s['area'])} | {r.decomposition.decision_accuracy} | {r.decomposition.recovery} |"
+        )
+    lines.append("")
+    for n, r in results.items():
+        if 1 in r.ks:
+            est = r.pass1()[0]
+            lines.append(
+                f"- {n} succeeds in one attempt with probability {est[-1]:.3f} when allowed {r.ts[-1]} turns and "
+                f"{est[0]:.3f} when allowed {r.ts[0]}; with {r.ks[-1]} attempts and {r.ts[-1]} turns, "
+                f"{r.surface.estimate[-1, -1]:.3f}."
+            )
+    for label, c in comparisons.items():
+        lines += [f"- {s}" for s in c["audit"]]
+        lines.append(f"- {c['verdict']}")
+    lines += ["", f"![Pass@(1,T)](pass1_curves.png)", "", "![decomposition](decomposition.png)", ""]
+
+    for n, r in results.items():
+        lines += [
+            f"## {n}", "",
+            f"Pass@(K,T) with {pct}% bootstrap intervals over {r.num_tasks} tasks ({r.surface.num_resamples} resamples); "
+            "rows are turn caps T, columns attempts K:", "",
+            audit.markdown_surface_table(r.surface, _surface_rows_shown(r.ts)), "",
+            f"![Pass@(K,T) {n}](heatmap_{n}.png)", "",
+            f"Attempts run with the largest cap (T={r.ts[-1]}):", "",
+            _metric_table(r), "",
+            "First error and recovery after it:", "",
+            _recovery_table(r), "",
+        ]
+        if r.max_abs_difference is not None:
+            lines += [f"Largest |exact - truncated| over the grid: {r.max_abs_difference:.4f}.", ""]
+        if r.injected is not None:
+            inj = r.injected
+            lines += [
+                f"With errors injected at turn(s) {inj.injection['turns'] if inj.injection else []} "
+                f"(p={inj.injection['prob'] if inj.injection else 0}):", "",
+                audit.markdown_surface_table(inj.surface, _surface_rows_shown(inj.ts)), "",
+            ]
+    for n, d in diffs.items():
+        c = comparisons[f"{n} - {baseline}"]
+        lines += [
+            f"## Paired comparison: {n} - {baseline}", "",
+            f"Same {d.num_tasks} tasks and the same random keys for both; bold cells: the {pct}% interval excludes 0.", "",
+            audit.markdown_surface_table(d, _surface_rows_shown(d.ts), signed=True), "",
+            f"![difference](difference_{n}.png)", "",
+            "| metric | difference |", "|---|---:|",
+        ]
+        for key in ("decision_accuracy", "probe_accuracy", "recovery", "injected_success", "injected_recovery"):
+            if key in c:
+                lines.append(f"| {key.replace('_', ' ')} | {_signed(Estimate(**c[key]))} |")
+        lines += ["", c["verdict"], ""]
+    lines += [
+        "## Definitions", "",
+        "- Decision accuracy: the share of the policy's own turns (injected turns excluded) where its action was the "
+        "oracle's action in that state; the probe set holds fixed states reached by an eps-noisy oracle, the same for every policy.",
+        "- Error: a turn whose action was not the oracle's (wrong, invalid or injected) or where the environment reported "
+        "an error (a slip, a failed tool call). Recovery: P(success | first error at turn t), pooled over t.",
+        f"- Back on track within m turns (m={first.decomposition.window}): after the first error at turn t, progress "
+        "exceeds its value before turn t within m turns (or the task is solved); counted only when the window fits the cap.",
+        "- Error injection replaces the action at chosen turns by a random wrong one, so every policy faces the same errors.",
+        "",
+    ]
+    return "\n".join(lines)

@@ -1,0 +1,273 @@
+"""Demonstrations in tokens: eps-noisy oracle episodes laid out exactly as the rollout lays them out.
+
+    demos = make_demos(env, fmt, tasks, key, num_turns=12, max_len=512, noise=0.25)
+
+Each row is one conversation in the `Format`'s fragments, the same tokens `bmrl.rollout.rollout`
+would produce if the policy had replied with the demonstrated actions:
+
+    prefix  obs_open OBS_0 obs_close  ACT_0 STOP  reply_close obs_open OBS_1 obs_close  ACT_1 STOP ...
+
+where ACT_t is the format's canonical reply carrying the action string's tokens (`env.actions`):
+the action tokens themselves in the plain `action` reply format, the answer-tagged layout of
+`Format.reply_tokens` in others; STOP is the format's first stop id. `loss_mask` is 1 on the ACT_t
+and STOP tokens only. The episode is played with the same per-row key
+derivation as the rollout (environment keys `fold_in(row_key, 0)`, step t with `fold_in(.., t + 1)`),
+so a rollout given the same key and the same replies sees the same observations, slips included.
+
+Errors but no recovery (the base policy of the study): the demonstrator is the oracle, except that
+with probability `noise` it takes a uniformly random WRONG action (`bmrl.envs.scripted`). With
+`cut_after_error` a demonstration ENDS after the first turn whose action deviated from the oracle: the
+wrong action is included (and trained on), nothing after it is. So a policy cloned from these demos
+errs at about the noise rate but has never seen how to recover. Only the demonstrator's OWN wrong
+actions cut a demo: an environment error that the oracle's action could not avoid (a slip, a failed
+tool call) is the environment's doing, and the oracle's next action (keep walking, retry the lookup)
+is its standard behaviour, so it stays in the demo. Demos also end at success, at termination (a
+hole that ends the game), at the row's turn cap, and before a turn that would not fit `max_len`.
+
+With `cut_after_error=False` the noisy episode continues after errors (a probe set of states
+reached by mistakes, for decision-accuracy and recovery evaluation). `reply_start[b, t]` is the
+token offset of turn t's reply, so `tokens[b, :reply_start[b, t]]` is the context the policy sees
+right before it decides at turn t.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from bmrl.envs.base import INVALID, Env
+from bmrl.envs.scripted import noisy_oracle_policy
+from bmrl.formats import Format
+from bmrl.rollout import _select, row_keys
+
+__all__ = ["Demos", "demo_tokens_needed", "make_demos", "reply_table"]
+
+
+@struct.dataclass
+class Demos:
+    """A batch of demonstrations. B = batch, L = max_len, Tm = num_turns."""
+
+    tokens: jax.Array  # int32[B, L]: prompt, observations, replies; pad after `length`
+    length: jax.Array  # int32[B]: tokens in the demo (through the last stop token)
+    loss_mask: jax.Array  # float32[B, L]: 1 on reply tokens (action tokens + stop), 0 elsewhere
+    turn_of_token: jax.Array  # int32[B, L]: 0-based turn of each token; -1 prompt prefix/padding
+    action: jax.Array  # int32[B, Tm]: demonstrated action; INVALID (-1) where the turn is not in the demo
+    oracle_action: jax.Array  # int32[B, Tm]: the oracle's action in the state before turn t
+    wrong: jax.Array  # bool[B, Tm]: the demonstrator deviated from the oracle (a noise draw)
+    error: jax.Array  # bool[B, Tm]: the environment reported an error (wrong action, slip, failed call...)
+    turn_active: jax.Array  # bool[B, Tm]: turn t is part of the demo
+    reply_start: jax.Array  # int32[B, Tm]: offset of turn t's first reply token; -1 where inactive
+    reply_len: jax.Array  # int32[B, Tm]: reply tokens of turn t (action tokens + stop); 0 where inactive
+    progress: jax.Array  # float32[B, Tm + 1]: index 0 after reset, t + 1 after turn t
+    caps: jax.Array  # int32[B]: the turn cap shown to (and imposed on) each row
+    num_turns: jax.Array  # int32[B]: turns in the demo
+    success: jax.Array  # bool[B]: the demo reaches the goal
+    cut: jax.Array  # bool[B]: the demo ended at a demonstrator error (cut_after_error)
+    overflow: jax.Array  # bool[B]: a turn the episode still had was dropped because it did not fit max_len
+
+
+def reply_table(env: Env, fmt: Format) -> tuple[np.ndarray, np.ndarray]:
+    """Host table of each action's reply tokens (stop excluded): (int32[A, W] padded, lengths int32[A])."""
+    replies = []
+    for row, n in zip(env.actions.tokens, env.actions.lengths):
+        action = np.asarray(row[:n], np.int32)
+        replies.append(np.asarray(fmt.reply_tokens(action), np.int32) if hasattr(fmt, "reply_tokens") else action)
+    width = max(len(r) for r in replies)
+    table = np.full((len(replies), width), fmt.pad_id, np.int32)
+    for i, r in enumerate(replies):
+        table[i, : len(r)] = r
+    return table, np.asarray([len(r) for r in replies], np.int32)
+
+
+def demo_tokens_needed(env: Env, fmt: Format, num_turns: int) -> int:
+    """Worst-case length of a `num_turns`-turn demonstration (every reply the longest one)."""
+    return fmt.tokens_needed(num_turns, env.max_obs_len, int(reply_table(env, fmt)[1].max()) + 1)
+
+
+def make_demos(
+    env: Env,
+    fmt: Format,
+    tasks: Any,
+    key: jax.Array,
+    *,
+    num_turns: int,
+    max_len: int,
+    noise: float,
+    cut_after_error: bool = True,
+    caps: Any = None,
+    actions: Any = None,
+) -> Demos:
+    """Play `tasks` with the eps-noisy oracle and lay the episodes out in tokens (one jit).
+
+    tasks: pytree with leading axis B (e.g. {"seed": int32[B]}); key: one PRNG key (split per row,
+    as the rollout does) or B per-row keys. num_turns: Tm, the static number of turns played (the
+    width of the per-turn arrays). caps: int32[B] per-row turn caps (default num_turns), shown to
+    the agent when the env has show_budget. noise: probability of a random wrong action per turn.
+    actions: optional int32[B, Tm] actions to replay instead of the noisy oracle's (e.g. to lay out
+    a rollout's episodes); `noise` is then ignored and `wrong` still compares with the oracle.
+    """
+    if not 0.0 <= float(noise) <= 1.0:
+        raise ValueError(f"noise must be a probability in [0, 1], got {noise}.")
+    if num_turns < 1:
+        raise ValueError(f"num_turns must be >= 1, got {num_turns}.")
+    first = demo_tokens_needed(env, fmt, 1)
+    if max_len < first:
+        raise ValueError(
+            f"max_len={max_len} cannot hold even one turn of {env.name} (up to {first} tokens: prompt "
+            f"{fmt.first_chunk_len(env.max_obs_len)} + the longest reply and its stop token); raise max_len."
+        )
+    batch = jax.tree.leaves(tasks)[0].shape[0]
+    caps = jnp.full((batch,), num_turns, jnp.int32) if caps is None else jnp.asarray(caps, jnp.int32)
+    replay = actions is not None
+    actions = jnp.zeros((batch, num_turns), jnp.int32) if actions is None else jnp.asarray(actions, jnp.int32)
+    if actions.shape != (batch, num_turns):
+        raise ValueError(f"actions must be int32[{batch}, {num_turns}], got {list(actions.shape)}.")
+    if replay and bool(jnp.any((actions < 0) | (actions >= env.num_actions))):
+        raise ValueError(
+            f"replayed actions must be valid ids in [0, {env.num_actions}) (an INVALID reply has no action "
+            "tokens); fill turns after the episode's end with any valid id."
+        )
+    fn = _demo_fn(env, fmt, int(num_turns), int(max_len), bool(cut_after_error), replay)
+    return fn(tasks, key, caps, jnp.float32(noise), actions)
+
+
+@functools.lru_cache(maxsize=32)
+def _demo_fn(env: Env, fmt: Format, num_turns: int, max_len: int, cut_after_error: bool, replay: bool):
+    """The jitted `(tasks, key, caps, noise, actions) -> Demos` for one static shape."""
+
+    def run(tasks, key, caps, noise, actions):
+        batch = caps.shape[0]
+        keys = row_keys(key, batch)
+        play = functools.partial(_play, env, num_turns, cut_after_error, replay)
+        rec = jax.vmap(play, in_axes=(0, 0, 0, None, 0))(
+            keys, tasks, jnp.clip(caps, 1, num_turns), noise, actions
+        )
+        return _layout(env, fmt, rec, jnp.clip(caps, 1, num_turns), max_len)
+
+    return jax.jit(run)
+
+
+def _play(env: Env, num_turns: int, cut_after_error: bool, replay: bool, key, task, cap, noise, actions):
+    """One episode of the noisy oracle (or replayed `actions`) in a `lax.scan` over turns."""
+    env_key = jax.random.fold_in(key, 0)
+    noise_key = jax.random.fold_in(key, 2)
+    state, obs = env.reset(env_key, task, cap)
+
+    def turn(carry, t):
+        state, obs, done = carry
+        oracle = env.oracle_action(state).astype(jnp.int32)
+        if replay:
+            action = actions[t]
+        else:
+            action = noisy_oracle_policy(jax.random.fold_in(noise_key, t), env, state, noise)
+        action = action.astype(jnp.int32)
+        new_state, new_obs, _, term, info = env.step(jax.random.fold_in(env_key, t + 1), state, action, cap - (t + 1))
+        active = ~done & (t < cap)
+        wrong = action != oracle
+        end = term | info.success | (wrong & cut_after_error)
+        out = dict(
+            obs_tokens=obs.tokens, obs_len=obs.length, action=action, oracle=oracle, wrong=wrong & active,
+            error=info.error & active, success=info.success & active, active=active,
+            cut=active & wrong & cut_after_error & ~info.success, progress=info.progress,
+        )
+        state = _select(active, new_state, state)
+        obs = _select(active, new_obs, obs)
+        return (state, obs, done | (active & end)), out
+
+    _, rec = jax.lax.scan(turn, (state, obs, jnp.bool_(False)), jnp.arange(num_turns))
+    rec["progress0"] = env.progress(env.reset(env_key, task, cap)[0])
+    return rec
+
+
+def _layout(env: Env, fmt: Format, rec: dict, caps: jax.Array, max_len: int) -> Demos:
+    """Scatter the played turns into [B, max_len] token rows (one scatter per array).
+
+    Turn t contributes the segments (reply_close if t > 0), obs_open, OBS_t, obs_close, ACT_t, STOP,
+    each of a known length; offsets are a cumulative sum, so no Python loop over tokens.
+    """
+    batch, tm = rec["action"].shape
+    L, pad = max_len, fmt.pad_id
+    stop = int(fmt.stop_ids[0])
+    table, lens = (jnp.asarray(x) for x in reply_table(env, fmt))  # [A, reply width], [A]
+    frags = [np.asarray(f, np.int32) for f in (fmt.reply_close, fmt.obs_open, fmt.obs_close, np.asarray([stop]))]
+    width = max([env.max_obs_len, table.shape[1]] + [len(f) for f in frags] + [1])
+
+    def fixed(frag):  # a host fragment as a [B, Tm, width] segment
+        row = np.full((width,), pad, np.int32)
+        row[: len(frag)] = frag
+        return jnp.broadcast_to(jnp.asarray(row), (batch, tm, width)), len(frag)
+
+    def padw(x):
+        return jnp.pad(x, ((0, 0), (0, 0), (0, width - x.shape[-1])), constant_values=pad)
+
+    act = jnp.clip(rec["action"], 0, env.num_actions - 1)
+    t_idx = jnp.arange(tm)[None, :]
+    (rc, n_rc), (oo, n_oo), (oc, n_oc), (st, _) = (fixed(f) for f in frags)
+    seg_tokens = jnp.stack([rc, oo, padw(rec["obs_tokens"]), oc, padw(table[act]), st], axis=2)  # [B,Tm,6,W]
+    seg_len = jnp.stack(
+        [
+            jnp.where(t_idx > 0, n_rc, 0) * jnp.ones((batch, tm), jnp.int32),
+            jnp.full((batch, tm), n_oo, jnp.int32),
+            rec["obs_len"].astype(jnp.int32),
+            jnp.full((batch, tm), n_oc, jnp.int32),
+            lens[act],
+            jnp.ones((batch, tm), jnp.int32),
+        ],
+        axis=2,
+    )  # [B, Tm, 6]
+    is_reply = jnp.asarray([0, 0, 0, 0, 1, 1], bool)
+
+    # Which turns are in the demo: played and fitting the buffer (the prefix comes first).
+    played = rec["active"]
+    turn_len = seg_len.sum(-1) * played
+    end = len(fmt.prefix) + jnp.cumsum(turn_len, axis=1)  # [B, Tm] offset after turn t
+    fits = end <= L
+    active = played & fits
+    overflow = jnp.any(played & ~fits, axis=1)
+    seg_len = seg_len * active[..., None]
+    flat_len = seg_len.reshape(batch, tm * 6)
+    offset = len(fmt.prefix) + jnp.cumsum(flat_len, axis=1) - flat_len  # start of each segment
+    length = len(fmt.prefix) + flat_len.sum(1)
+
+    j = jnp.arange(width)[None, None, :]
+    idx = jnp.where(j < flat_len[..., None], offset[..., None] + j, L)  # [B, Tm*6, W]; L = dropped
+    idx = idx.reshape(batch, -1)
+    rows = jnp.arange(batch)[:, None]
+    tokens = jnp.full((batch, L), pad, jnp.int32)
+    prefix = jnp.asarray(fmt.prefix, jnp.int32)
+    tokens = tokens.at[:, : len(fmt.prefix)].set(jnp.broadcast_to(prefix, (batch, len(fmt.prefix))))
+    tokens = tokens.at[rows, idx].set(seg_tokens.reshape(batch, -1), mode="drop")
+    mask_vals = jnp.broadcast_to(is_reply[None, None, :, None], seg_tokens.shape).astype(jnp.float32)
+    loss_mask = jnp.zeros((batch, L), jnp.float32).at[rows, idx].set(mask_vals.reshape(batch, -1), mode="drop")
+    turn_vals = jnp.broadcast_to(jnp.arange(tm)[None, :, None, None], seg_tokens.shape)
+    turn_of_token = jnp.full((batch, L), -1, jnp.int32).at[rows, idx].set(turn_vals.reshape(batch, -1), mode="drop")
+
+    reply_start = offset.reshape(batch, tm, 6)[:, :, 4]
+    reply_len = seg_len[:, :, 4] + seg_len[:, :, 5]
+    num_turns = active.sum(1).astype(jnp.int32)
+    progress = jnp.concatenate(
+        [rec["progress0"][:, None], jnp.where(active, rec["progress"], 0.0)], axis=1
+    )
+    # Carry progress forward over inactive turns (as the rollout does).
+    progress = _carry_forward(progress, active)  # inactive turns repeat the last value, as in the rollout
+    return Demos(
+        tokens=tokens, length=length.astype(jnp.int32), loss_mask=loss_mask, turn_of_token=turn_of_token,
+        action=jnp.where(active, rec["action"], INVALID), oracle_action=jnp.where(active, rec["oracle"], INVALID),
+        wrong=rec["wrong"] & active, error=rec["error"] & active, turn_active=active,
+        reply_start=jnp.where(active, reply_start, -1).astype(jnp.int32), reply_len=reply_len.astype(jnp.int32),
+        progress=progress, caps=caps, num_turns=num_turns, success=jnp.any(rec["success"] & active, axis=1),
+        cut=jnp.any(rec["cut"] & active, axis=1), overflow=overflow,
+    )
+
+
+def _carry_forward(progress: jax.Array, active: jax.Array) -> jax.Array:
+    """progress [B, Tm + 1]: where turn t is inactive, repeat the value after the last active turn."""
+    keep = jnp.concatenate([jnp.ones_like(active[:, :1]), active], axis=1)
+    idx = jnp.where(keep, jnp.arange(keep.shape[1])[None, :], 0)
+    idx = jax.lax.cummax(idx, axis=1)
+    return jnp.take_along_axis(progress, idx, axis=1)

@@ -1,0 +1,257 @@
+"""The SFT base policy: behaviour cloning of eps-noisy oracle demonstrations (errors, no recovery).
+
+    summary = run_sft(cfg)     # writes <out_dir>/policy (HF dir), config.yaml, sft_metrics.jsonl, summary.json
+
+Each step draws `sft.batch_size` fresh demonstrations (`bmrl.learn.demos.make_demos`, cut after the
+demonstrator's first wrong action) of train-split levels and takes one optimizer step of token
+cross-entropy on the reply tokens (action tokens + stop). Everything is a function of `cfg.seed` and
+the step: step s uses levels s*B .. s*B+B-1 of a seed-shuffled train pool and demo key
+fold_in(key, s). The trained policy is evaluated with the compiled rollout, greedy and sampled, on
+held-out test-split levels at the largest turn cap, then saved as a Hugging Face directory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from bmrl.config import Config, to_yaml
+from bmrl.learn.demos import Demos, demo_tokens_needed, make_demos, reply_table
+from bmrl.learn.logprobs import token_logprobs
+from bmrl.learn.optim import make_optimizer
+
+
+def sft_loss(
+    model, tokens: jax.Array, length: jax.Array, loss_mask: jax.Array, max_targets: int | None = None
+) -> tuple[jax.Array, dict]:
+    """Token-mean cross-entropy on the loss-masked tokens and the argmax accuracy there.
+
+    tokens: [B, L], length: [B], loss_mask: [B, L] (1 on reply tokens). The model sees each row's
+    first `length` tokens (padding masked); the hidden state at i predicts token i + 1 (the
+    alignment of `token_logprobs`). With `max_targets` (a static bound on loss tokens per row, e.g.
+    turns x reply tokens) only those positions go through the unembedding: a demo trains on a few
+    dozen of its hundreds of tokens, so this skips most of the [B, L, V] logits.
+    """
+    attention = jnp.arange(tokens.shape[1])[None, :] < length[:, None]
+    mask = loss_mask.astype(jnp.float32)
+    if max_targets is None:
+        logits = model(tokens, attention_mask=attention)
+        logp = token_logprobs(logits, tokens)
+        pred = jnp.pad(jnp.argmax(logits[:, :-1], axis=-1), ((0, 0), (1, 0)), constant_values=-1)
+        target, weight = tokens, mask
+    else:
+        hidden = model.hidden_states(tokens, attention_mask=attention)
+        # Positions of the loss tokens (row-wise, padded with position 0 and weight 0).
+        pos = jax.vmap(lambda m: jnp.nonzero(m > 0, size=max_targets, fill_value=0)[0])(mask)  # [B, K]
+        weight = jnp.take_along_axis(mask, pos, axis=1) * (pos > 0)
+        target = jnp.take_along_axis(tokens, pos, axis=1)
+        h = jnp.take_along_axis(hidden, jnp.maximum(pos - 1, 0)[..., None], axis=1)  # state before each target
+        logits = model.logits(h)  # [B, K, V]
+        logp = jnp.take_along_axis(jax.nn.log_softmax(logits, axis=-1), target[..., None], axis=-1)[..., 0]
+        pred = jnp.argmax(logits, axis=-1)
+    n = jnp.maximum(weight.sum(), 1.0)
+    loss = -(logp * weight).sum() / n
+    correct = (pred == target).astype(jnp.float32) * weight
+    return loss, {"token_acc": correct.sum() / n, "tokens": weight.sum()}
+
+
+def make_sft_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, max_targets: int | None = None) -> Callable:
+    """The jitted `step(params, opt_state, tokens, length, loss_mask) -> (params, opt_state, metrics)`.
+
+    params and opt_state are donated; `max_targets` as in `sft_loss`.
+    """
+
+    def step(params, opt_state, tokens, length, loss_mask):
+        def loss_fn(p):
+            return sft_loss(nnx.merge(graphdef, p), tokens, length, loss_mask, max_targets)
+
+        (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+        updates, opt_state = tx.update(grads, opt_state, params, loss=loss)
+        params = optax.apply_updates(params, updates)
+        return params, opt_state, {"loss": loss, "grad_norm": optax.global_norm(grads), **aux}
+
+    return jax.jit(step, donate_argnums=(0, 1))
+
+
+def demo_stats(d: Demos) -> dict[str, float]:
+    """Host summary of a demo batch: turns, cut/success rates, demonstrator error rate, length."""
+    d = jax.tree.map(np.asarray, d)
+    active = d.turn_active
+    return {
+        "demo_turns": float(d.num_turns.mean()),
+        "demo_success": float(d.success.mean()),
+        "demo_cut": float(d.cut.mean()),
+        "demo_wrong_rate": float(d.wrong[active].mean()) if active.any() else 0.0,
+        "demo_tokens": float(d.length.mean()),
+        "demo_overflow": float(d.overflow.mean()),
+    }
+
+
+def rollout_stats(tr) -> dict[str, float]:
+    """Success and per-turn decision quality of a Trajectory batch (host side)."""
+    tr = jax.tree.map(np.asarray, tr)
+    active = tr.turn_active
+    acted = active.any()
+    mean = lambda x: float(x[active].mean()) if acted else 0.0  # noqa: E731
+    return {
+        "success": float(tr.success.mean()),
+        "decision_accuracy": mean(tr.action == tr.oracle_action),
+        "error_rate": mean(tr.error),
+        "invalid_rate": mean(tr.invalid),
+        "turns": float(tr.turns_used.mean()),
+        "overflow": float(tr.overflow.mean()),
+    }
+
+
+def evaluate_policy(
+    model, env, fmt, cfg: Config, tasks: dict, cap: int, key: jax.Array, modes: tuple[str, ...] = ("greedy", "sampled")
+) -> dict[str, dict]:
+    """Greedy and/or sampled (eval.temperature) rollouts of `tasks` at turn cap `cap`, one row per task."""
+    from bmrl.policy import rollout_config
+    from bmrl.rollout import rollout
+
+    base = rollout_config(cfg, for_eval=True)
+    caps = np.full((len(tasks["seed"]),), cap, np.int32)
+    out = {}
+    for name, temp in (("greedy", 0.0), ("sampled", cfg.eval.temperature)):
+        if name not in modes:
+            continue
+        rcfg = dataclasses.replace(base, sampling=dataclasses.replace(base.sampling, temperature=temp))
+        tr = rollout(model, env, jax.tree.map(jnp.asarray, tasks), caps, jax.random.fold_in(key, int(temp * 1000)), rcfg, fmt)
+        out[name] = rollout_stats(tr)
+    return out
+
+
+def run_sft(cfg: Config, *, log: Callable[[str], Any] = print, return_model: bool = False) -> dict | tuple[dict, Any]:
+    """Train the SFT base policy of `cfg`; write it and its summary under `cfg.out_dir`; return the summary
+    (and the trained `Decoder` with `return_model=True`, for callers that go on in-process).
+
+    Every config problem is raised (as `ConfigError`) before anything is written.
+    """
+    from bmrl.config import make_budget
+    from bmrl.policy import build_tokenizer, check_fits, fitting_cap, load_policy, make_env, new_policy, split_tasks
+    from bmrl.model.decoder import num_params
+    from bmrl.model.hf import save_pretrained
+    from bmrl.rollout import default_format
+
+    t_start = time.time()
+    s = cfg.sft
+    if cfg.model.path is not None:
+        model, tokenizer = load_policy(cfg.model.path)
+    else:
+        tokenizer = build_tokenizer(cfg)
+        model = new_policy(cfg, tokenizer)
+    env = make_env(cfg, tokenizer)
+    fmt = default_format(env)
+    check_fits(cfg, env, fmt)
+    cap = fitting_cap(cfg, env, fmt, make_budget(cfg.budget).max_cap)  # the largest training cap that fits
+    demo_len = min(cfg.rollout.max_len, demo_tokens_needed(env, fmt, s.demo_turns))
+    o = s.optim
+    tx = make_optimizer(
+        lr=o.lr, warmup_steps=o.warmup_steps, total_steps=max(s.steps, o.warmup_steps + 1), weight_decay=o.weight_decay,
+        b1=o.b1, b2=o.b2, eps=o.eps, max_grad_norm=o.max_grad_norm, schedule=o.schedule, min_lr_ratio=o.min_lr_ratio,
+    )
+
+    out = Path(cfg.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.yaml").write_text(to_yaml(cfg))
+    metrics_path = out / "sft_metrics.jsonl"
+
+    train = split_tasks(cfg, "train")
+    test = split_tasks(cfg, "test", cfg.eval.num_tasks)
+    key = jax.random.key(cfg.seed)
+    order = np.asarray(jax.random.permutation(jax.random.fold_in(key, 0), len(train["seed"])))
+    eval_key = jax.random.fold_in(key, 2)
+    log(
+        f"sft: {env.name} {env.options} | {num_params(model):,} params | {s.steps} steps x {s.batch_size} demos "
+        f"(noise {s.noise}, <= {s.demo_turns} turns, {demo_len} tokens) | eval T={cap} on {len(test['seed'])} test levels"
+    )
+    t_eval = time.time()
+    before = evaluate_policy(model, env, fmt, cfg, {"seed": test["seed"]}, cap, eval_key, ("greedy",))["greedy"]
+
+    log(f"sft: initial policy greedy success {before['success']:.3f} ({time.time() - t_eval:.1f}s)")
+    graphdef, params = nnx.split(model)
+    opt_state = jax.tree.map(jnp.copy, tx.init(params))  # distinct buffers: the step donates them
+    max_targets = s.demo_turns * (int(reply_table(env, fmt)[1].max()) + 1)  # reply tokens + stop, per turn
+    step_fn = make_sft_step(graphdef, tx, max_targets)
+
+    def demos_at(step: int) -> Demos:
+        idx = order[(step * s.batch_size + np.arange(s.batch_size)) % len(order)]
+        k = jax.random.fold_in(jax.random.fold_in(key, 1), step)
+        caps = None
+        if cfg.env.show_budget:  # show varied budgets, as RL and evaluation will
+            caps = jax.random.randint(jax.random.fold_in(k, 7), (s.batch_size,), 1, s.demo_turns + 1)
+        return make_demos(
+            env, fmt, {"seed": jnp.asarray(train["seed"][idx])}, k, num_turns=s.demo_turns,
+            max_len=demo_len, noise=s.noise, caps=caps,
+        )
+
+    t_train = time.time()
+    log_every = max(1, s.steps // 10)
+    pending: list[tuple[int, dict]] = []  # device metrics, fetched at log steps (keeps dispatch async)
+    losses: list[float] = []
+    last: dict[str, float] = {}
+    with metrics_path.open("w") as f:
+        for step in range(s.steps):
+            d = demos_at(step)
+            params, opt_state, m = step_fn(params, opt_state, d.tokens, d.length, d.loss_mask)
+            pending.append((step, m))
+            if step % log_every == 0 or step == s.steps - 1:
+                elapsed = round(time.time() - t_train, 3)
+                for i, pm in pending:
+                    row = {"step": i, **{k: float(v) for k, v in pm.items()}}
+                    if i == step:
+                        row.update(demo_stats(d), time_s=elapsed)
+                        last = row
+                    losses.append(row["loss"])
+                    f.write(json.dumps(row) + "\n")
+                pending.clear()
+                f.flush()
+                log(f"sft step {step:5d}  loss {last['loss']:.4f}  token acc {last['token_acc']:.3f}  ({elapsed:.1f}s)")
+    jax.block_until_ready(params)
+    train_time = time.time() - t_train
+    model = nnx.merge(graphdef, params)
+
+    result = evaluate_policy(model, env, fmt, cfg, {"seed": test["seed"]}, cap, eval_key)
+    policy_dir = out / "policy"
+    save_pretrained(model, tokenizer, policy_dir)
+    summary = {
+        "env": env.name,
+        "env_options": dict(env.options),
+        "num_params": int(num_params(model)),
+        "steps": s.steps,
+        "batch_size": s.batch_size,
+        "noise": s.noise,
+        "eval_T": cap,
+        "eval_tasks": int(len(test["seed"])),
+        "eval_temperature": cfg.eval.temperature,
+        "success_greedy": result["greedy"]["success"],
+        "success_sampled": result["sampled"]["success"],
+        "decision_accuracy_greedy": result["greedy"]["decision_accuracy"],
+        "decision_accuracy_sampled": result["sampled"]["decision_accuracy"],
+        "error_rate_sampled": result["sampled"]["error_rate"],
+        "invalid_rate_sampled": result["sampled"]["invalid_rate"],
+        "init_success_greedy": before["success"],
+        "final_loss": float(np.mean(losses[-10:])) if losses else float("nan"),
+        "final_token_acc": last.get("token_acc", float("nan")),
+        "eval": result,
+        "train_time_s": round(train_time, 2),
+        "wall_time_s": round(time.time() - t_start, 2),
+        "policy_dir": str(policy_dir),
+    }
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    log(
+        f"sft done: success@T={cap} greedy {summary['success_greedy']:.3f} sampled {summary['success_sampled']:.3f} "
+        f"(init {before['success']:.3f}) | decision acc {summary['decision_accuracy_sampled']:.3f} | "
+        f"loss {summary['final_loss']:.4f} | {summary['wall_time_s']:.0f}s"
+    )
+    return (summary, model) if return_model else summary

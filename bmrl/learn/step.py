@@ -1,0 +1,183 @@
+"""The jitted policy-gradient update: advantages -> epochs x minibatches of loss + optimizer steps.
+
+    update = make_update(graphdef, optimizer, cfg.train, temperature)
+    params, opt_state, metrics = update(params, opt_state, ref_params, traj, key)
+
+One `jax.jit` holds the whole update, PureJaxRL style:
+
+    A = outcome advantage (registry, per group) [+ process_coef * process advantage]
+    logp_ref = reference policy's log-probs (once, when kl_coef > 0)
+    for epoch (lax.scan):                       rows permuted by fold_in(key, epoch)
+        for minibatch (lax.scan):
+            logp, entropy = full forward of the minibatch's tokens (logits / temperature)
+            loss = loss_fn(logp, traj.logprobs, A, loss_mask, logp_ref, entropy)
+            params, opt_state = optimizer step (skipped, and counted, when non-finite)
+
+`traj.logprobs` (the sampling policy's) are the "old" log-probs, so the first minibatch of the
+first epoch is exactly on-policy. `params` is the state half of `nnx.split(policy)`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from bmrl.learn.advantages import combine_advantages, get_advantage, process_advantages, token_advantages
+from bmrl.learn.logprobs import chunked_token_logprobs, token_logprobs_and_entropy
+from bmrl.learn.losses import get_loss
+from bmrl.learn.optim import SkipNonFiniteState, skip_counts
+from bmrl.rollout import Trajectory
+
+# Above this vocabulary size the log-probs are computed from hidden states a chunk of positions at
+# a time, so the full [rows, L, V] logits never exist at once.
+CHUNKED_VOCAB = 8192
+
+
+def sequence_mask(length: jax.Array, width: int) -> jax.Array:
+    """length: int32[B] -> bool[B, width], True on each row's first `length` positions."""
+    return jnp.arange(width, dtype=jnp.int32)[None, :] < length[:, None]
+
+
+def policy_token_logprobs(
+    graphdef: nnx.GraphDef, params: Any, tokens: jax.Array, length: jax.Array, temperature: float
+) -> tuple[jax.Array, jax.Array]:
+    """Log-probs and entropies [B, L] of `tokens` under the policy log_softmax(logits / temperature).
+
+    Matches `bmrl.sampling.policy_logprobs` (greedy, temperature 0, reports temperature 1) and the
+    alignment of `bmrl.learn.token_logprobs` (position i holds log p(token i | tokens < i)).
+    """
+    t = 1.0 if temperature == 0 else float(temperature)
+    model = nnx.merge(graphdef, params)
+    mask = sequence_mask(length, tokens.shape[1])
+    if model.config.vocab_size > CHUNKED_VOCAB:
+        hidden = model.hidden_states(tokens, attention_mask=mask)
+        unembed = model.embed_tokens.embedding[...].T if model.lm_head is None else model.lm_head.kernel[...]
+        return chunked_token_logprobs(hidden, unembed.astype(jnp.float32) / t, tokens)
+    logits = model(tokens, attention_mask=mask)
+    return token_logprobs_and_entropy(logits / t, tokens)
+
+
+def compute_advantages(traj: Trajectory, cfg: Any) -> jax.Array:
+    """Token advantages [B, L]: the outcome estimator `cfg.advantage` over groups of `cfg.group_size`
+    contiguous rows, plus `cfg.process_coef` x progress-delta process advantages (discount `cfg.gamma`)."""
+    seq_adv = get_advantage(cfg.advantage)(traj.outcome_reward, cfg.group_size)
+    adv = token_advantages(seq_adv, traj.loss_mask)
+    if cfg.process_coef:
+        proc = process_advantages(
+            traj.progress, traj.turn_active, traj.turn_of_token, traj.loss_mask, gamma=cfg.gamma
+        )
+        adv = combine_advantages(adv, proc, cfg.process_coef)
+    return adv
+
+
+def make_update(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformationExtraArgs, cfg: Any,
+                temperature: float, *, donate: bool = True):
+    """Build the jitted `update(params, opt_state, ref_params, traj, key) -> (params, opt_state, metrics)`.
+
+    cfg: a `TrainCfg` (advantage, group_size, process_coef, gamma, loss, epochs, minibatches,
+    clip_eps, kl_coef, entropy_coef, aggregation). `ref_params` is None (no KL term) or a frozen
+    policy's params. `optimizer` must be wrapped in `skip_nonfinite` (as `make_optimizer` does):
+    non-finite minibatch steps are skipped and counted. With `donate`, the params and optimizer
+    state buffers passed in are reused for the outputs (do not use them after the call).
+    `update.trace_count()` tells how many times it was traced (compiled).
+    """
+    loss_fn = get_loss(cfg.loss)
+    loss_opts = dict(kl_coef=cfg.kl_coef, entropy_coef=cfg.entropy_coef, aggregation=cfg.aggregation)
+    if cfg.loss == "ppo":
+        loss_opts["clip_eps"] = cfg.clip_eps
+    epochs, minibatches = int(cfg.epochs), int(cfg.minibatches)
+    traces = [0]
+
+    def update(params, opt_state, ref_params, traj: Trajectory, key):
+        traces[0] += 1
+        batch, width = traj.tokens.shape
+        if batch % minibatches:
+            raise ValueError(f"train.minibatches={minibatches} does not divide the batch of {batch} rows.")
+        mb = batch // minibatches
+        adv = compute_advantages(traj, cfg)
+        use_ref = ref_params is not None and cfg.kl_coef > 0
+        logp_ref = None
+        if use_ref:
+            logp_ref, _ = policy_token_logprobs(graphdef, ref_params, traj.tokens, traj.length, temperature)
+            logp_ref = jax.lax.stop_gradient(logp_ref)
+        rows = dict(tokens=traj.tokens, length=traj.length, loss_mask=traj.loss_mask,
+                    logp_old=traj.logprobs, adv=adv)
+        if use_ref:
+            rows["logp_ref"] = logp_ref
+
+        def loss_of(p, data):
+            logp, ent = policy_token_logprobs(graphdef, p, data["tokens"], data["length"], temperature)
+            if not cfg.entropy_coef:
+                ent = jax.lax.stop_gradient(ent)
+            loss, m = loss_fn(logp, data["logp_old"], data["adv"], data["loss_mask"],
+                              logp_ref=data.get("logp_ref"), entropy=ent, **loss_opts)
+            return loss, m
+
+        def minibatch_step(carry, idx):
+            p, s = carry
+            data = jax.tree.map(lambda x: x[idx], rows)
+            (loss, m), grads = jax.value_and_grad(loss_of, has_aux=True)(p, data)
+            updates, s = optimizer.update(grads, s, p, loss=loss)
+            p = optax.apply_updates(p, updates)
+            m = dict(m, grad_norm=optax.tree.norm(grads), skipped=skip_counts(s)["consecutive_skips"] > 0,
+                     touched=jnp.zeros((batch,), jnp.int32).at[idx].add(1))
+            return (p, s), m
+
+        def epoch_step(carry, epoch):
+            perm = jax.random.permutation(jax.random.fold_in(key, epoch), batch)
+            return jax.lax.scan(minibatch_step, carry, perm.reshape(minibatches, mb))
+
+        (params, opt_state), ms = jax.lax.scan(epoch_step, (params, opt_state), jnp.arange(epochs))
+        counts = skip_counts(opt_state)
+        touched = ms.pop("touched").sum(axis=(0, 1))  # [B] times each row was trained on
+        skipped = ms.pop("skipped")
+        metrics = {k: jnp.mean(v) for k, v in ms.items()}  # mean over epochs x minibatches
+        metrics.update(
+            ratio_max=jnp.max(ms["ratio_max"]),
+            num_tokens=jnp.sum(ms["num_tokens"]) / epochs,
+            skipped_updates=skipped.sum().astype(jnp.int32),  # non-finite minibatch steps skipped here
+            skipped_total=counts["total_skips"],
+            consecutive_skips=counts["consecutive_skips"],
+            rows_trained_min=touched.min(),
+            adv_mean=jnp.sum(adv) / jnp.maximum(traj.loss_mask.sum(), 1.0),
+            adv_abs_mean=jnp.sum(jnp.abs(adv)) / jnp.maximum(traj.loss_mask.sum(), 1.0),
+            reward_mean=traj.outcome_reward.mean(),
+        )
+        return params, opt_state, metrics
+
+    jitted = jax.jit(update, donate_argnums=(0, 1) if donate else ())
+
+    def run(params, opt_state, ref_params, traj, key):
+        return jitted(params, opt_state, ref_params, traj, key)
+
+    run.trace_count = lambda: traces[0]
+    run.lower = jitted.lower
+    run.__doc__ = update.__doc__
+    return run
+
+
+def init_opt_state(optimizer: optax.GradientTransformation, params: Any) -> Any:
+    """`optimizer.init(params)` with every leaf in its own buffer, so the state can be donated
+    (optax states may share one zeros array between counters, which donation refuses)."""
+    return jax.tree.map(jnp.copy, optimizer.init(params))
+
+
+def consecutive_skips(opt_state: Any) -> int:
+    """Host int: non-finite updates in a row at the end of `opt_state` (0 when the last was finite)."""
+    return int(skip_counts(opt_state)["consecutive_skips"])
+
+
+__all__ = [
+    "CHUNKED_VOCAB",
+    "SkipNonFiniteState",
+    "compute_advantages",
+    "consecutive_skips",
+    "init_opt_state",
+    "make_update",
+    "policy_token_logprobs",
+    "sequence_mask",
+]

@@ -1,0 +1,103 @@
+"""Training metrics out: a JSONL file, TensorBoard scalars (tensorboardX) and a tqdm progress bar.
+
+    log = MetricsLogger(out_dir, start_step=0)       # metrics.jsonl + tb/
+    log.write(step, {"train/success": 0.4, ...})
+    bar = Progress(total=steps, initial=start)       # live success rate, tokens/s and ETA
+    bar.update(success=0.4, tokens_per_s=1.2e4)
+
+On resume (`start_step` > 0), records after `start_step` (written by the killed run after its last
+checkpoint) are dropped from the JSONL, so the file reads as one uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+from typing import Any
+
+import numpy as np
+
+
+def to_scalar(v: Any) -> float | int | bool | None:
+    """A JSON-friendly Python scalar (nan/inf become None)."""
+    v = np.asarray(v).item() if not isinstance(v, (int, float, bool)) else v
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    return v
+
+
+def read_jsonl(path: str | os.PathLike) -> list[dict]:
+    """Every record of a metrics.jsonl (skipping a torn last line of a killed run)."""
+    out = []
+    if not os.path.exists(path):
+        return out
+    with open(path) as f:
+        for line in f:
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return out
+
+
+class MetricsLogger:
+    """Append-only JSONL (`out_dir/metrics.jsonl`) and TensorBoard (`out_dir/tb`) of scalar metrics."""
+
+    def __init__(self, out_dir: str | os.PathLike, start_step: int = 0, tensorboard: bool = True):
+        os.makedirs(out_dir, exist_ok=True)
+        self.path = os.path.join(out_dir, "metrics.jsonl")
+        kept = [r for r in read_jsonl(self.path) if r.get("step", 0) <= start_step] if start_step else []
+        with open(self.path, "w") as f:
+            for r in kept:
+                f.write(json.dumps(r) + "\n")
+        self._file = open(self.path, "a", buffering=1)
+        self._tb = None
+        if tensorboard:
+            from tensorboardX import SummaryWriter
+
+            self._tb = SummaryWriter(os.path.join(out_dir, "tb"), purge_step=start_step + 1 if start_step else None)
+
+    def write(self, step: int, metrics: dict[str, Any]) -> dict:
+        """Log scalars at `step`; returns the JSON record written."""
+        record = {"step": int(step)}
+        record.update({k: to_scalar(v) for k, v in metrics.items()})
+        self._file.write(json.dumps(record) + "\n")
+        if self._tb is not None:
+            for k, v in record.items():
+                if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool):
+                    self._tb.add_scalar(k, v, step)
+        return record
+
+    def close(self) -> None:
+        self._file.close()
+        if self._tb is not None:
+            self._tb.close()
+
+
+class Progress:
+    """A tqdm bar over train steps with live success rate and tokens/s; tqdm computes the ETA.
+
+    Disabled when stderr is not a terminal or CI is set (logs stay clean), unless `enable=True`.
+    """
+
+    def __init__(self, total: int, initial: int = 0, enable: bool | None = None, desc: str = "train"):
+        from tqdm.auto import tqdm
+
+        if enable is None:
+            enable = sys.stderr.isatty() and os.environ.get("CI", "").lower() not in ("1", "true")
+        self.bar = tqdm(total=total, initial=initial, desc=desc, disable=not enable, dynamic_ncols=True)
+
+    def update(self, n: int = 1, **postfix: float) -> None:
+        self.bar.set_postfix({k: (f"{v:.3g}" if isinstance(v, float) else v) for k, v in postfix.items()}, refresh=False)
+        self.bar.update(n)
+
+    def write(self, text: str) -> None:
+        self.bar.write(text, file=sys.stderr)
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+__all__ = ["MetricsLogger", "Progress", "read_jsonl", "to_scalar"]

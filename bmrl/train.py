@@ -1,0 +1,287 @@
+"""The RL training loop: rollout and update alternate, one readable loop (big_vision style).
+
+    summary = train(cfg)            # cfg: bmrl.config.Config
+
+    for step in range(start, steps):
+        key = fold_in(base_key, step)                     # every draw derives from (seed, step)
+        tasks = train split at data position step * tasks_per_step, each repeated group_size times
+        caps = budget.sample(key_caps, ...)               # inside jit: caps are data, one compile
+        traj = rollout(params, tasks, caps, key_rollout)  # one jit: generation + env steps
+        params, opt_state, m = update(params, opt_state, ref, traj, key_update)
+        log / evaluate Pass@(1,T) / checkpoint
+
+Resumes from the newest checkpoint in `cfg.out_dir/checkpoints` automatically. Because every random
+draw derives from (seed, step) and the checkpoint holds params, optimizer state, key and data
+position, a run killed at any moment and resumed ends with bitwise-identical parameters on CPU.
+Outputs in `cfg.out_dir`: config.yaml, metrics.jsonl, tb/, checkpoints/, policy/ (a Hugging Face
+directory), summary.json.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from bmrl import config as config_lib
+from bmrl import policy as policy_lib
+from bmrl.checkpoint import Checkpointer, key_data
+from bmrl.learn import make_optimizer
+from bmrl.learn import step as step_lib
+from bmrl.metrics import MetricsLogger, Progress, to_scalar
+from bmrl.parallel import MeshConfig, make_mesh, shard_batch, shard_params
+from bmrl.rollout import Injection, check_config, default_format, make_rollout
+
+EVAL_STREAM = 0x3E7A1  # fold_in constant separating evaluation keys from training keys
+
+
+class NonFiniteError(RuntimeError):
+    """Training stopped: too many non-finite updates in a row."""
+
+
+# ---------------------------------------------------------------- policy, tasks
+def init_policy(cfg) -> tuple[nnx.Module, Any]:
+    """(policy, tokenizer): from `cfg.model.path` (a Hugging Face directory, e.g. an SFT output), or
+    a fresh tiny decoder (seed `cfg.seed`) with the tiny tokenizer (`bmrl.policy`)."""
+    if cfg.model.path:
+        return policy_lib.load_policy(cfg.model.path)
+    tok = policy_lib.build_tokenizer(cfg)
+    return policy_lib.new_policy(cfg, tok), tok
+
+
+def tasks_at(seeds: np.ndarray, position: int, count: int, seed: int) -> np.ndarray:
+    """`count` task seeds starting at data position `position` of a deterministic stream: the split
+    in a fresh permutation per pass (keyed by (seed, pass)), so position alone fixes the batch."""
+    n = len(seeds)
+    out = np.empty(count, np.int32)
+    for i in range(count):
+        p = position + i
+        order = np.random.default_rng([seed, p // n]).permutation(n)
+        out[i] = seeds[order[p % n]]
+    return out
+
+
+# ---------------------------------------------------------------- evaluation
+def make_evaluator(graphdef, env, fmt, cfg, test_seeds: np.ndarray, mesh):
+    """Pass@(1,T) at every T of `cfg.eval.ts`: `num_tasks` test tasks x each T as an exact cap, in
+    one batch (one compile). Returns `evaluate(params, key) -> {T: (success rate, standard error)}`."""
+    ts = list(cfg.eval.ts)
+    n = min(cfg.eval.num_tasks, len(test_seeds))
+    rcfg = policy_lib.rollout_config(cfg, for_eval=True)
+    check_config(env, fmt, rcfg, min(ts))
+    run = make_rollout(graphdef, env, fmt, rcfg)
+    tasks = shard_batch({"seed": jnp.asarray(np.tile(test_seeds[:n], len(ts)), jnp.int32)}, mesh)
+    caps = shard_batch(jnp.asarray(np.repeat(ts, n), jnp.int32), mesh)
+    inject = Injection.none(rcfg.max_turns)
+
+    def evaluate(params, key) -> dict[int, tuple[float, float]]:
+        traj = run(params, tasks, caps, key, inject)
+        success = np.asarray(traj.success).reshape(len(ts), n)
+        out = {}
+        for t, s in zip(ts, success):
+            p = float(s.mean())
+            out[int(t)] = (p, math.sqrt(max(p * (1 - p), 0.0) / n))
+        return out
+
+    evaluate.trace_count = run.trace_count
+    return evaluate
+
+
+# ---------------------------------------------------------------- the loop
+def _rollout_stats(traj) -> dict:
+    acted = jnp.maximum(traj.turn_active.sum(), 1)
+    return dict(
+        success=traj.success.mean(),
+        turns_used=traj.turns_used.mean(),
+        caps=traj.caps.mean(),
+        invalid_rate=(traj.invalid & traj.turn_active).sum() / acted,
+        error_rate=(traj.error & traj.turn_active).sum() / acted,
+        truncated=traj.truncated.mean(),
+        overflow=traj.overflow.mean(),
+        tokens=traj.length.sum(),
+        sampled_tokens=traj.loss_mask.sum(),
+    )
+
+
+def _replicate_rest(tree: Any, mesh) -> Any:
+    """Leaves not yet placed on `mesh` (optimizer counters) replicated on it, so the update sees the
+    same input shardings before and after its first call (no second compile)."""
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    rep = NamedSharding(mesh, PartitionSpec())
+    return jax.tree.map(lambda x: x if isinstance(x.sharding, NamedSharding) else jax.device_put(x, rep), tree)
+
+
+def _check_resume_config(saved: dict | None, cfg) -> list[str]:
+    """Keys whose values differ between the checkpoint's config and this run's (out_dir ignored)."""
+    if not saved:
+        return []
+    now = json.loads(json.dumps(config_lib.to_dict(cfg)))
+
+    def flat(d, prefix=""):
+        for k, v in d.items():
+            if isinstance(v, dict):
+                yield from flat(v, f"{prefix}{k}.")
+            else:
+                yield f"{prefix}{k}", v
+
+    a, b = dict(flat(saved)), dict(flat(now))
+    return sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k) and k not in ("out_dir", "train.steps"))
+
+
+def train(cfg, *, progress: bool | None = None) -> dict:
+    """Run RL training for `cfg` (a validated `bmrl.config.Config`); returns the summary dict.
+
+    Raises `NonFiniteError` after `cfg.train.max_nonfinite` non-finite updates in a row (the
+    parameters and checkpoints keep the last finite values).
+    """
+    wall0 = time.time()
+    t, out = cfg.train, cfg.out_dir
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "config.yaml"), "w") as f:
+        f.write(config_lib.to_yaml(cfg))
+
+    mesh = make_mesh(MeshConfig(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor))
+    policy, tok = init_policy(cfg)
+    env = policy_lib.make_env(cfg, tok)
+    fmt = default_format(env)
+    policy_lib.check_fits(cfg, env, fmt)
+    rcfg = policy_lib.rollout_config(cfg)
+    budget = config_lib.make_budget(cfg.budget)
+    check_config(env, fmt, rcfg, budget.min_cap)
+    train_seeds = policy_lib.split_tasks(cfg, "train")["seed"]
+    test_seeds = policy_lib.split_tasks(cfg, "test", max(cfg.eval.num_tasks, 1))["seed"]
+    batch = t.tasks_per_step * t.group_size
+
+    graphdef, params = nnx.split(policy)
+    params = shard_params(params, mesh)
+    o = t.optim
+    updates_per_step = t.epochs * t.minibatches
+    optimizer = make_optimizer(
+        o.lr, o.warmup_steps, max(t.steps * updates_per_step, o.warmup_steps + 1), o.weight_decay, o.b1, o.b2,
+        o.eps, o.max_grad_norm, o.schedule, o.min_lr_ratio,
+    )
+    opt_state = _replicate_rest(step_lib.init_opt_state(optimizer, params), mesh)
+    ref_params = jax.tree.map(jnp.copy, params) if t.kl_coef > 0 else None
+    base_key = jax.random.key(cfg.seed)
+
+    # Resume from the newest complete checkpoint, if any.
+    ckpt = Checkpointer(os.path.join(out, "checkpoints"), keep=cfg.checkpoint.keep, every=cfg.checkpoint.every)
+    start, data_position = 0, 0
+    restored = ckpt.restore_latest({"params": params, "opt_state": opt_state, "key": key_data(base_key)})
+    if restored is not None:
+        state, meta = restored
+        params, opt_state = state["params"], state["opt_state"]
+        base_key = jax.random.wrap_key_data(jnp.asarray(state["key"]))
+        start, data_position = int(meta["step"]), int(meta["data_position"])
+        changed = _check_resume_config(meta.get("config"), cfg)
+        if changed:
+            print(f"bmrl train: warning: resuming step {start} with a changed config: {', '.join(changed)}")
+        print(f"bmrl train: resumed from {ckpt.directory} at step {start}", flush=True)
+
+    rollout_fn = make_rollout(graphdef, env, fmt, rcfg)
+    update = step_lib.make_update(graphdef, optimizer, t, rcfg.sampling.temperature)
+    sample_traces = [0]
+
+    @jax.jit
+    def sample_caps(key):
+        sample_traces[0] += 1
+        return budget.sample(key, batch, t.group_size, cfg.budget.share_in_group)
+
+    evaluate = make_evaluator(graphdef, env, fmt, cfg, test_seeds, mesh)
+    inject = Injection.none(rcfg.max_turns)
+    compiles = lambda: rollout_fn.trace_count() + update.trace_count() + sample_traces[0]  # noqa: E731
+
+    logger = MetricsLogger(out, start_step=start)
+    bar = Progress(total=t.steps, initial=start, enable=progress)
+    eval_log: dict[int, dict[int, tuple[float, float]]] = {}
+    compile_history: list[int] = []
+    last: dict[str, Any] = {}
+    tokens_seen = 0
+
+    def run_eval(step: int) -> None:
+        res = evaluate(params, jax.random.fold_in(jax.random.fold_in(base_key, EVAL_STREAM), step))
+        eval_log[step] = res
+        logger.write(step, {f"eval/pass1_T{T}": p for T, (p, _) in res.items()}
+                     | {f"eval/pass1_T{T}_se": se for T, (_, se) in res.items()})
+        text = "  ".join(f"T={T}: {p:.3f}±{se:.3f}" for T, (p, se) in res.items())
+        bar.write(f"eval step {step}: Pass@(1,T) {text}")
+
+    every = cfg.eval.every
+    if start == 0:
+        run_eval(0)  # the starting policy, the baseline of every gain
+    try:
+        for step in range(start, t.steps):
+            t0 = time.perf_counter()
+            key = jax.random.fold_in(base_key, step)
+            seeds = np.repeat(tasks_at(train_seeds, data_position, t.tasks_per_step, cfg.seed), t.group_size)
+            tasks = shard_batch({"seed": jnp.asarray(seeds)}, mesh)
+            caps = sample_caps(jax.random.fold_in(key, 0))
+            traj = rollout_fn(params, tasks, caps, jax.random.fold_in(key, 1), inject)
+            stats = _rollout_stats(traj)
+            params, opt_state, m = update(params, opt_state, ref_params, traj, jax.random.fold_in(key, 2))
+            m, stats = jax.device_get((m, stats))
+            data_position += t.tasks_per_step
+            dt = time.perf_counter() - t0
+            tokens_seen += int(stats["tokens"])
+            compile_history.append(compiles())
+            last = {f"train/{k}": v for k, v in m.items()} | {f"rollout/{k}": v for k, v in stats.items()}
+            last |= {"perf/step_s": dt, "perf/tokens_per_s": float(stats["tokens"]) / dt,
+                     "perf/compiles": compiles(), "data_position": data_position}
+            logger.write(step + 1, last)
+            bar.update(success=float(stats["success"]), tok_s=float(stats["tokens"]) / dt,
+                       loss=float(m["loss"]))
+            if int(m["consecutive_skips"]) >= t.max_nonfinite:
+                raise NonFiniteError(
+                    f"stopping at step {step + 1}: {int(m['consecutive_skips'])} non-finite updates in a row "
+                    f"(train.max_nonfinite={t.max_nonfinite}); each was skipped, so the parameters are those of "
+                    f"the last finite update and no checkpoint holds nan/inf. Lower train.optim.lr, check "
+                    f"train.optim.max_grad_norm, or use model.param_dtype=float32."
+                )
+            done = step + 1
+            if every and done % every == 0 and done != t.steps:
+                run_eval(done)
+            if ckpt.due(done, t.steps):
+                ckpt.save(done, {"params": params, "opt_state": opt_state, "key": key_data(base_key)},
+                          {"data_position": data_position, "config": config_lib.to_dict(cfg)})
+        if t.steps > start or not eval_log:
+            run_eval(t.steps)
+    finally:
+        bar.close()
+        ckpt.close()
+        logger.close()
+
+    from bmrl.model import save_pretrained
+
+    policy_dir = os.path.join(out, "policy")
+    save_pretrained(nnx.merge(graphdef, params), tok, policy_dir)
+    final_eval = eval_log.get(t.steps) or eval_log[max(eval_log)]
+    first_eval = eval_log[min(eval_log)]
+    summary = {
+        "steps": t.steps,
+        "resumed_from": start,
+        "wall_s": time.time() - wall0,
+        "compiles": compiles(),
+        "eval_compiles": evaluate.trace_count(),
+        "compile_history": compile_history,
+        "skipped_updates": int(last.get("train/skipped_total", 0)) if last else 0,
+        "tokens_seen": tokens_seen,
+        "final": {k: to_scalar(v) for k, v in last.items()},
+        "eval": {str(T): {"pass1": p, "se": se} for T, (p, se) in final_eval.items()},
+        "eval_initial": {str(T): {"pass1": p, "se": se} for T, (p, se) in first_eval.items()},
+        "eval_history": {str(s): {str(T): p for T, (p, _) in r.items()} for s, r in sorted(eval_log.items())},
+        "policy": policy_dir,
+    }
+    with open(os.path.join(out, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=2)
+    return summary
+
+
+__all__ = ["NonFiniteError", "init_policy", "make_evaluator", "tasks_at", "train"]

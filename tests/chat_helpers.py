@@ -1,0 +1,175 @@
+"""Tiny tokenizers with real chat templates, a steered Qwen2 policy that replies in chains of tokens,
+and the conversation of a rollout rebuilt from its decoded turns."""
+
+from __future__ import annotations
+
+import functools
+import tempfile
+
+import numpy as np
+
+from bmrl.formats import TAGS, encode, reply_instructions
+from bmrl.model.config import ModelConfig
+from bmrl.model.decoder import init_model
+from bmrl.model.tokenizer import load_tokenizer, save_tokenizer, train_tiny_tokenizer
+
+# Qwen2.5's template without the tool branches (ChatML, a default system message when none is given),
+# with {% generation %} marks around what the assistant produces (content and <|im_end|>, not the "\n").
+QWEN_TEMPLATE = (
+    r"{%- if messages[0]['role'] == 'system' %}"
+    r"{{- '<|im_start|>system\n' + messages[0]['content'] + '<|im_end|>\n' }}"
+    r"{%- else %}"
+    r"{{- '<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n' }}"
+    r"{%- endif %}"
+    r"{%- for message in messages %}"
+    r"{%- if message.role == 'user' or (message.role == 'system' and not loop.first) %}"
+    r"{{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>' + '\n' }}"
+    r"{%- elif message.role == 'assistant' %}"
+    r"{{- '<|im_start|>assistant\n' }}{% generation %}{{- message.content + '<|im_end|>' }}{% endgeneration %}"
+    r"{{- '\n' }}"
+    r"{%- endif %}"
+    r"{%- endfor %}"
+    r"{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}{%- endif %}"
+)
+
+# Meta-Llama-3-Instruct's template (contents trimmed), with {% generation %} marks on assistant turns.
+LLAMA3_TEMPLATE = (
+    r"{%- for message in messages %}"
+    r"{%- if loop.index0 == 0 %}{{- bos_token }}{%- endif %}"
+    r"{{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n' }}"
+    r"{%- if message['role'] == 'assistant' %}"
+    r"{% generation %}{{- message['content'] | trim + '<|eot_id|>' }}{% endgeneration %}"
+    r"{%- else %}{{- message['content'] | trim + '<|eot_id|>' }}{%- endif %}"
+    r"{%- endfor %}"
+    r"{%- if add_generation_prompt %}{{- '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{%- endif %}"
+)
+
+# Gemma's template: no system role (raises), "model" for the assistant, contents trimmed.
+GEMMA_TEMPLATE = (
+    r"{{ bos_token }}{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}"
+    r"{% endif %}{% for message in messages %}{% if message['role'] == 'assistant' %}{% set role = 'model' %}"
+    r"{% else %}{% set role = message['role'] %}{% endif %}"
+    r"{{ '<start_of_turn>' + role + '\n' + message['content'] | trim + '<end_of_turn>\n' }}{% endfor %}"
+    r"{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}"
+)
+
+STYLES = {
+    "qwen": (QWEN_TEMPLATE, ["<|im_start|>", "<|im_end|>", "<|endoftext|>"], {}),
+    "llama3": (LLAMA3_TEMPLATE, ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"],
+               {"bos_token": "<|begin_of_text|>"}),
+    "llama3_notrim": (LLAMA3_TEMPLATE.replace(" | trim", ""),
+                      ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"],
+                      {"bos_token": "<|begin_of_text|>"}),
+    "gemma": (GEMMA_TEMPLATE, ["<start_of_turn>", "<end_of_turn>"], {}),
+}
+
+
+@functools.lru_cache(maxsize=None)
+def _texts() -> tuple[str, ...]:
+    from bmrl.envs import corpus
+
+    extra = ["system user assistant model", reply_instructions("think_answer"), "I go. Next move now."]
+    return tuple(corpus(["corridor"], observations=False)) + tuple(extra)
+
+
+@functools.lru_cache(maxsize=None)
+def chat_tokenizer(style: str | None, tags: bool = True):
+    """A tiny BPE with `style`'s chat template (None: no template) and, if `tags`, special think/answer
+    tags; saved to a local directory and reloaded with AutoTokenizer, as a real model's would be."""
+    tok = train_tiny_tokenizer(list(_texts()), vocab_size=384)
+    specials = list(TAGS) if tags else []
+    if style is not None:
+        template, role_tokens, named = STYLES[style]
+        specials = role_tokens + specials
+        tok.add_special_tokens(named)
+    if specials:
+        tok.add_special_tokens({"additional_special_tokens": specials}, replace_extra_special_tokens=False)
+    if style is not None:
+        tok.chat_template = template
+    path = tempfile.mkdtemp(prefix=f"bmrl_chat_{style}_")
+    save_tokenizer(tok, path)
+    return load_tokenizer(path)
+
+
+def reply_chains(env, fmt, tokenizer, thoughts=("I go.", "Next move now."), missing_weight=0.9):
+    """Token chains (reply tokens + stop) the policy can follow, with the weight of their last link.
+
+    action: every action string, and "wait" (not an action). think_answer: for each thought and
+    action `<think>THOUGHT</think><answer>ACTION</answer>`, and (weight `missing_weight`) a reply
+    that stops after `</think>` with no answer (a format error).
+    """
+    stop = int(fmt.stop_ids[0])
+    acts = [list(map(int, row[:n])) for row, n in zip(env.actions.tokens, env.actions.lengths)]
+    if fmt.reply_format == "action":
+        return [(a + [stop], 1.0) for a in acts + [list(encode(tokenizer, "wait"))]]
+    chains = []
+    for th in thoughts:
+        head = [*fmt.think_open, *encode(tokenizer, th), *fmt.think_close]
+        for a in acts:
+            chains.append(([*head, *fmt.answer_open, *a, *fmt.answer_close, stop], 1.0))
+        chains.append(([*head, stop], missing_weight))
+    return [([int(t) for t in c], w) for c, w in chains]
+
+
+def chain_policy(fmt, chains, vocab_size: int, seed: int = 0, scale: float = 30.0, mix: float = 0.3, hidden: int = 64):
+    """A tiny random Qwen2 decoder rewired into a near-bigram model over `chains`.
+
+    The attention/MLP outputs are scaled by `mix`, so the final hidden state is mostly the last
+    token's embedding; the unembedding scores each chain's first token after the generation prompt's
+    last token and each next token after its predecessor (the chain's weight on its last link).
+    Where chains branch, the choice is near-even under temperature 1, and off-chain tokens are
+    vanishingly unlikely at the default scale, so replies are chains: canonical token sequences.
+    """
+    cfg = ModelConfig.tiny(vocab_size, model_type="qwen2", hidden_size=hidden)
+    model = init_model(cfg, seed)
+    for layer in model.layers:
+        layer.self_attn.o_proj.kernel[...] = layer.self_attn.o_proj.kernel[...] * mix
+        layer.mlp.down_proj.kernel[...] = layer.mlp.down_proj.kernel[...] * mix
+    emb = np.asarray(model.embed_tokens.embedding[...])
+    unit = emb / np.linalg.norm(emb, axis=1, keepdims=True)
+    links: dict[tuple[int, int], float] = {}
+    for chain, weight in chains:
+        prev = [int(fmt.obs_close[-1])] + chain[:-1]
+        for i, (p, q) in enumerate(zip(prev, chain)):
+            w = weight if i == len(chain) - 1 else 1.0
+            links[(p, q)] = max(links.get((p, q), 0.0), w)
+    kernel = np.zeros((hidden, vocab_size), np.float32)
+    for (p, q), w in links.items():
+        kernel[:, q] += w * unit[p]
+    model.lm_head.kernel[...] = kernel * scale
+    return model
+
+
+def conversation(traj, b: int, fmt, tokenizer):
+    """Messages of row `b` rebuilt from its decoded turns, and per turn (obs, reply) token spans.
+
+    Observation t is what lies between obs_open and obs_close before reply t; reply t runs from its
+    first sampled token up to its stop token (the stop is checked, not decoded into the content).
+    """
+    n = int(traj.length[b])
+    toks = np.asarray(traj.tokens[b, :n])
+    turn = np.asarray(traj.turn_of_token[b, :n])
+    mask = np.asarray(traj.loss_mask[b, :n])
+    stops = set(fmt.stop_ids)
+    assert np.array_equal(toks[: len(fmt.prefix)], fmt.prefix)
+    messages = [{"role": "system", "content": fmt.system}]
+    spans = []
+    for t in range(int(traj.turns_used[b])):
+        idx = np.flatnonzero(turn == t)
+        r0 = int(idx[mask[idx] > 0][0])
+        r1 = r0 + next(i for i, tok in enumerate(toks[r0:]) if int(tok) in stops)
+        head = (fmt.reply_close if t else np.zeros(0, np.int32)).tolist() + fmt.obs_open.tolist()
+        seg = toks[int(idx[0]) : r0].tolist()
+        assert seg[: len(head)] == head and seg[len(seg) - len(fmt.obs_close):] == fmt.obs_close.tolist(), (t, seg)
+        obs = seg[len(head) : len(seg) - len(fmt.obs_close)]
+        reply = toks[r0:r1].tolist()
+        messages.append({"role": "user", "content": tokenizer.decode(obs)})
+        messages.append({"role": "assistant", "content": tokenizer.decode(reply)})
+        spans.append((obs, reply))
+    return messages, spans
+
+
+def template_ids(tokenizer, messages, **kw):
+    """`apply_chat_template(..., tokenize=True)` as a dict of numpy arrays."""
+    out = tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True, **kw)
+    return {k: np.asarray(v) for k, v in out.items()}

@@ -1,0 +1,324 @@
+"""The jitted update (bmrl.learn.step) and the training loop (bmrl.train).
+
+Update paths are checked on a tiny decoder and a synthetic Trajectory against independent
+computations; the loop is run for a few steps on a tiny corridor config.
+"""
+
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+from bmrl import budget as budget_lib
+from bmrl import config as config_lib
+from bmrl.learn import make_optimizer, skip_nonfinite
+from bmrl.learn import step as step_lib
+from bmrl.model import ModelConfig, init_model
+from bmrl.rollout import Trajectory
+
+V, B, L, TM = 24, 8, 12, 3
+
+
+def tiny_model(seed=0):
+    return init_model(ModelConfig.tiny(V, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                       num_key_value_heads=1), seed)
+
+
+def train_cfg(**kw):
+    base = dict(group_size=4, tasks_per_step=B // 4, epochs=1, minibatches=1, loss="ppo", advantage="grpo",
+                clip_eps=0.2, kl_coef=0.0, entropy_coef=0.0, aggregation="token_mean", process_coef=0.0, gamma=1.0)
+    base.update(kw)
+    return config_lib.TrainCfg(**base)
+
+
+def fake_traj(seed=0, logprobs=None):
+    """A synthetic batch: random tokens, a prompt of 3 tokens, then policy tokens (mask 1) up to length."""
+    rng = np.random.default_rng(seed)
+    tokens = rng.integers(4, V, size=(B, L)).astype(np.int32)
+    length = rng.integers(6, L + 1, size=B).astype(np.int32)
+    pos = np.arange(L)[None, :]
+    loss_mask = ((pos >= 3) & (pos < length[:, None]) & (rng.random((B, L)) < 0.8)).astype(np.float32)
+    tokens = np.where(pos < length[:, None], tokens, 0)
+    turn = np.where(pos < 3, -1, np.minimum((pos - 3) // 3, TM - 1))
+    turn = np.where(pos < length[:, None], turn, -1).astype(np.int32)
+    reward = np.zeros((B, TM), np.float32)
+    reward[:, -1] = rng.integers(0, 2, size=B)
+    progress = np.cumsum(rng.random((B, TM + 1)) * 0.3, axis=1).astype(np.float32)
+    f = lambda x: jnp.asarray(x)  # noqa: E731
+    zb = jnp.zeros((B, TM), bool)
+    return Trajectory(
+        tokens=f(tokens), length=f(length), loss_mask=f(loss_mask),
+        logprobs=f(np.zeros((B, L), np.float32) if logprobs is None else logprobs), turn_of_token=f(turn),
+        action=jnp.zeros((B, TM), jnp.int32), reward=f(reward), error=zb, invalid=zb, format_error=zb, injected=zb,
+        oracle_action=jnp.zeros((B, TM), jnp.int32), progress=f(progress), turn_active=jnp.ones((B, TM), bool),
+        caps=jnp.full((B,), TM, jnp.int32), turns_used=jnp.full((B,), TM, jnp.int32),
+        success=f(reward[:, -1] > 0), first_success_turn=jnp.zeros((B,), jnp.int32),
+        terminated=jnp.zeros((B,), bool), truncated=jnp.zeros((B,), bool), overflow=jnp.zeros((B,), bool),
+    )
+
+
+def reference_logp(model, tokens, length, temperature=1.0):
+    """Independent per-token log-probs: a plain forward, log_softmax(logits / T), gathered by hand."""
+    mask = np.arange(L)[None, :] < np.asarray(length)[:, None]
+    logits = np.asarray(model(tokens, attention_mask=jnp.asarray(mask)), np.float64) / temperature
+    logits = logits - logits.max(-1, keepdims=True)
+    logp_all = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    out = np.zeros((B, L))
+    tok = np.asarray(tokens)
+    for b in range(B):
+        for i in range(1, L):
+            out[b, i] = logp_all[b, i - 1, tok[b, i]]
+    return out
+
+
+def on_policy_traj(model, seed=0, temperature=1.0):
+    tr = fake_traj(seed)
+    lp = reference_logp(model, tr.tokens, tr.length, temperature)
+    return tr.replace(logprobs=jnp.asarray(lp * np.asarray(tr.loss_mask), jnp.float32))
+
+
+def run_update(model, tr, cfg, lr=0.1, ref=None, temperature=1.0, key=0):
+    graphdef, params = nnx.split(model)
+    tx = skip_nonfinite(optax.sgd(lr))
+    opt_state = step_lib.init_opt_state(tx, params)
+    update = step_lib.make_update(graphdef, tx, cfg, temperature, donate=False)
+    p, s, m = update(params, opt_state, ref, tr, jax.random.key(key))
+    return params, p, s, jax.device_get(m), update
+
+
+def flat(state):
+    return np.concatenate([np.ravel(np.asarray(x)) for x in jax.tree.leaves(state)])
+
+
+# ------------------------------------------------------------------------------- the update
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_on_policy_update_is_plain_policy_gradient_step(temperature):
+    """One epoch, one minibatch, logp_old == logp_new: the update is SGD on -sum(A * logp)/n, computed
+    independently (own advantages, own log-softmax) with jax.grad."""
+    model = tiny_model()
+    tr = on_policy_traj(model, temperature=temperature)
+    cfg = train_cfg()
+    params, new, _, m, _ = run_update(model, tr, cfg, temperature=temperature)
+
+    r = np.asarray(tr.outcome_reward).reshape(-1, 4)
+    adv = ((r - r.mean(1, keepdims=True)) / (r.std(1, keepdims=True) + 1e-6)).reshape(-1)
+    mask = np.asarray(tr.loss_mask)
+    graphdef = nnx.graphdef(model)
+
+    def objective(p):
+        logits = nnx.merge(graphdef, p)(tr.tokens, attention_mask=jnp.arange(L)[None] < tr.length[:, None])
+        logp_all = jax.nn.log_softmax(logits / temperature, -1)[:, :-1]
+        logp = jnp.take_along_axis(logp_all, tr.tokens[:, 1:, None], -1)[..., 0]
+        return -jnp.sum(adv[:, None] * logp * mask[:, 1:]) / mask.sum()
+
+    grads = jax.grad(objective)(params)
+    expected = jax.tree.map(lambda p, g: p - 0.1 * g, params, grads)
+    np.testing.assert_allclose(flat(new), flat(expected), rtol=2e-5, atol=2e-6)
+    assert abs(m["loss"] + float(np.sum(adv[:, None] * mask) / mask.sum())) < 1e-5  # -A * ratio, ratio = 1
+    assert m["clip_fraction"] == 0.0 and abs(m["ratio_mean"] - 1.0) < 1e-5
+    assert m["skipped_updates"] == 0 and m["grad_norm"] > 0
+
+
+def test_epochs_and_minibatches_touch_every_row_and_take_every_step():
+    model = tiny_model()
+    tr = on_policy_traj(model)
+    cfg = train_cfg(epochs=3, minibatches=4)
+    _, _, s, m, _ = run_update(model, tr, cfg, lr=0.01)
+    assert m["rows_trained_min"] == 3  # 3 epochs x all 8 rows = 24 row visits, each row 3 times
+    assert m["clip_fraction"] >= 0.0 and m["skipped_updates"] == 0
+    # later minibatches are off-policy: ratios move away from 1
+    assert m["ratio_max"] > 1.0
+
+
+def test_minibatch_order_depends_on_key_only():
+    model = tiny_model()
+    tr = on_policy_traj(model)
+    cfg = train_cfg(epochs=2, minibatches=2)
+    _, a, *_ = run_update(model, tr, cfg, key=1)
+    _, b, *_ = run_update(model, tr, cfg, key=1)
+    _, c, *_ = run_update(model, tr, cfg, key=2)
+    assert np.array_equal(flat(a), flat(b))
+    assert not np.array_equal(flat(a), flat(c))
+
+
+def test_loss_mask_respected():
+    """Tokens outside the loss mask, even with nan old log-probs, change nothing; padding neither."""
+    model = tiny_model()
+    tr = on_policy_traj(model)
+    cfg = train_cfg(epochs=2, minibatches=2)
+    _, base, *_ = run_update(model, tr, cfg)
+    mask = np.asarray(tr.loss_mask) > 0
+    pad = np.arange(L)[None, :] >= np.asarray(tr.length)[:, None]
+    noisy = tr.replace(
+        logprobs=jnp.where(mask, tr.logprobs, jnp.nan),
+        tokens=jnp.where(jnp.asarray(pad), 7, tr.tokens),
+    )
+    _, other, _, m, _ = run_update(model, noisy, cfg)
+    np.testing.assert_array_equal(flat(base), flat(other))
+    assert m["skipped_updates"] == 0
+
+
+def test_advantage_registry_and_process_advantages():
+    from bmrl.learn import process_advantages, rloo_advantages
+
+    tr = fake_traj(3)
+    mask = np.asarray(tr.loss_mask)
+    r = np.asarray(tr.outcome_reward)
+    got = np.asarray(step_lib.compute_advantages(tr, train_cfg(advantage="rloo")))
+    np.testing.assert_allclose(got, np.asarray(rloo_advantages(jnp.asarray(r), 4))[:, None] * mask, atol=1e-6)
+    got = np.asarray(step_lib.compute_advantages(tr, train_cfg(advantage="reinforce")))
+    np.testing.assert_allclose(got, (r - r.mean())[:, None] * mask, atol=1e-6)
+    got = np.asarray(step_lib.compute_advantages(tr, train_cfg(advantage="reinforce", process_coef=0.5, gamma=0.9)))
+    proc = np.asarray(process_advantages(tr.progress, tr.turn_active, tr.turn_of_token, tr.loss_mask, gamma=0.9))
+    np.testing.assert_allclose(got, (r - r.mean())[:, None] * mask + 0.5 * proc, atol=1e-6)
+    assert np.abs(proc).sum() > 0
+
+
+def test_kl_to_identical_reference_is_zero_and_entropy_bonus_changes_the_step():
+    model = tiny_model()
+    tr = on_policy_traj(model)
+    _, plain, _, m0, _ = run_update(model, tr, train_cfg())
+    params = nnx.state(model)
+    _, with_kl, _, m1, _ = run_update(model, tr, train_cfg(kl_coef=0.5), ref=params)
+    assert abs(m1["kl"]) < 1e-6
+    np.testing.assert_allclose(flat(with_kl), flat(plain), rtol=1e-5, atol=1e-7)  # k3 gradient is 0 at ratio 1
+    _, with_kl, _, m2, _ = run_update(model, tr, train_cfg(kl_coef=0.5), ref=nnx.state(tiny_model(1)))
+    assert m2["kl"] > 0 and not np.allclose(flat(with_kl), flat(plain))
+    _, with_ent, _, m3, _ = run_update(model, tr, train_cfg(entropy_coef=0.1))
+    assert m3["entropy"] > 0 and abs(m3["entropy"] - m0["entropy"]) < 1e-5
+    assert not np.allclose(flat(with_ent), flat(plain))
+
+
+def test_nonfinite_update_is_skipped_and_counted():
+    model = tiny_model()
+    tr = on_policy_traj(model)
+    bad = tr.replace(logprobs=tr.logprobs.at[0, 5].set(jnp.nan))
+    bad = bad.replace(loss_mask=bad.loss_mask.at[0, 5].set(1.0))
+    params, new, s, m, _ = run_update(model, bad, train_cfg(epochs=2))
+    np.testing.assert_array_equal(flat(new), flat(params))
+    assert m["skipped_updates"] == 2 and m["consecutive_skips"] == 2 and m["skipped_total"] == 2
+    assert step_lib.consecutive_skips(s) == 2
+
+
+def test_update_compiles_once_and_donates():
+    model = tiny_model()
+    graphdef, params = nnx.split(model)
+    tx = make_optimizer(1e-3, total_steps=10)
+    opt_state = step_lib.init_opt_state(tx, params)
+    update = step_lib.make_update(graphdef, tx, train_cfg(epochs=2, minibatches=2), 1.0)
+    for i in range(3):
+        old = params
+        params, opt_state, m = update(params, opt_state, None, on_policy_traj(model, seed=i), jax.random.key(i))
+    assert update.trace_count() == 1
+    assert jax.tree.leaves(old)[0].is_deleted()  # params buffers were donated
+
+
+# ------------------------------------------------------------------------------- the loop
+TINY = dict(
+    seed=0,
+    env={"name": "corridor", "options": {"length": 2, "eps": 0.1}},
+    budget={"kind": "mix", "budgets": [1, 2, 3], "probs": [0.3, 0.3, 0.4]},
+    rollout={"max_turns": 3, "max_reply_tokens": 4, "max_len": 160},
+    model={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1},
+    train={"steps": 3, "tasks_per_step": 2, "group_size": 2, "epochs": 1, "minibatches": 2},
+    eval={"ts": [1, 3], "ks": [1], "attempts": 1, "num_tasks": 4, "every": 2},
+    data={"train_size": 16, "test_size": 8},
+    checkpoint={"every": 2, "keep": 2},
+)
+
+
+def tiny_cfg(tmp_path, **over):
+    data = json.loads(json.dumps(TINY))
+    for k, v in over.items():
+        data[k] = {**data.get(k, {}), **v} if isinstance(v, dict) else v
+    data["out_dir"] = str(tmp_path)
+    return config_lib.build(data)
+
+
+def test_compile_count_constant_whatever_budgets(tmp_path):
+    """One train run with a mix budget (3 steps), then the same compiled rollout + update fed caps from
+    fixed, mix and uniform budgets: no recompilation."""
+    from bmrl.train import train
+
+    summary = train(tiny_cfg(tmp_path), progress=False)
+    hist = summary["compile_history"]
+    assert len(hist) == 3 and len(set(hist)) == 1, hist
+    out = tmp_path
+    for name in ("config.yaml", "metrics.jsonl", "summary.json", "policy/config.json", "policy/model.safetensors"):
+        assert (out / name).exists(), name
+    records = [json.loads(line) for line in open(out / "metrics.jsonl")]
+    assert [r["step"] for r in records if "train/loss" in r] == [1, 2, 3]
+    assert {r["step"] for r in records if "eval/pass1_T3" in r} == {0, 2, 3}
+    assert set(summary["eval"]) == {"1", "3"} and summary["skipped_updates"] == 0
+    assert sorted(os.listdir(out / "checkpoints")) == ["2", "3"]
+    assert (out / "tb").is_dir() and os.listdir(out / "tb")
+
+    # Caps are data: fixed, mix and uniform budgets through the same compiled programs.
+    from bmrl import policy as policy_lib
+    from bmrl.rollout import Injection, default_format, make_rollout
+
+    cfg = tiny_cfg(tmp_path)
+    model, tok = policy_lib.load_policy(str(out / "policy"))
+    env = policy_lib.make_env(cfg, tok)
+    graphdef, params = nnx.split(model)
+    run = make_rollout(graphdef, env, default_format(env), policy_lib.rollout_config(cfg))
+    tx = make_optimizer(1e-3, total_steps=10)
+    opt_state = step_lib.init_opt_state(tx, params)
+    update = step_lib.make_update(graphdef, tx, cfg.train, 1.0)
+    tasks = {"seed": jnp.arange(4, dtype=jnp.int32) * 2}
+    for i, b in enumerate([budget_lib.fixed(1), budget_lib.mix([1, 3], [0.5, 0.5]), budget_lib.uniform(1, 3)]):
+        caps = b.sample(jax.random.key(i), 4, 2)
+        traj = run(params, tasks, caps, jax.random.key(i), Injection.none(3))
+        params, opt_state, _ = update(params, opt_state, None, traj, jax.random.key(i))
+    assert run.trace_count() == 1 and update.trace_count() == 1
+
+
+def test_nonfinite_run_stops_with_message_and_clean_checkpoints(tmp_path, monkeypatch, capsys):
+    """From step 3 on every update sees nan log-probs: skipped, counted, and after
+    train.max_nonfinite in a row the CLI stops with status 1; checkpoints hold the finite params."""
+    from bmrl.checkpoint import Checkpointer
+    from bmrl.cli import main
+
+    real = step_lib.make_update
+
+    def poisoned(*args, **kwargs):
+        upd = real(*args, **kwargs)
+        calls = [0]
+
+        def run(params, opt_state, ref, traj, key):
+            calls[0] += 1
+            if calls[0] >= 3:
+                traj = traj.replace(logprobs=traj.logprobs * jnp.nan)
+            return upd(params, opt_state, ref, traj, key)
+
+        run.trace_count = upd.trace_count
+        return run
+
+    monkeypatch.setattr(step_lib, "make_update", poisoned)
+    cfg_path = tmp_path / "cfg.yaml"
+    cfg = tiny_cfg(tmp_path / "run", train={"steps": 8, "minibatches": 1, "max_nonfinite": 3},
+                   checkpoint={"every": 1, "keep": 10}, eval={"every": 0})
+    cfg_path.write_text(config_lib.to_yaml(cfg))
+    status = main(["train", "--config", str(cfg_path), "--no-progress"])
+    err = capsys.readouterr().err
+    assert status == 1
+    assert "3 non-finite updates in a row" in err and "train.max_nonfinite=3" in err
+    records = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")]
+    skipped = [r["train/skipped_total"] for r in records if "train/skipped_total" in r]
+    assert skipped == [0, 0, 1, 2, 3]
+    ck = Checkpointer(tmp_path / "run" / "checkpoints")
+    assert ck.all_steps() == [1, 2, 3, 4]  # the run stopped at step 5, before saving it
+    import orbax.checkpoint as ocp
+
+    for s in ck.all_steps():
+        raw = ck.manager.restore(s, args=ocp.args.Composite(state=ocp.args.StandardRestore()))["state"]
+        assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(raw))
+    p2 = ck.manager.restore(2, args=ocp.args.Composite(state=ocp.args.StandardRestore()))["state"]["params"]
+    p4 = ck.manager.restore(4, args=ocp.args.Composite(state=ocp.args.StandardRestore()))["state"]["params"]
+    np.testing.assert_array_equal(flat(p2), flat(p4))  # skipped updates left the params untouched
+    ck.close()
