@@ -179,6 +179,30 @@ class MeshCfg:
     tensor: int = 1  # tensor-parallel axis size (-1 = all remaining devices)
 
 
+def _default_variants() -> dict[str, BudgetCfg]:
+    return {
+        "fixed_long": BudgetCfg(kind="fixed", budgets=[12]),
+        "fixed_short": BudgetCfg(kind="fixed", budgets=[4]),
+        "budgetmix": BudgetCfg(kind="mix", budgets=[4, 6, 8, 12]),
+    }
+
+
+@dataclass
+class ReproduceCfg:
+    """`bmrl reproduce`: an SFT base, then RL under each budget variant (same steps, same seeds)."""
+
+    seeds: list[int] = field(default_factory=lambda: [0, 1])  # one full pipeline per seed; intervals pool (seed, task) units
+    variants: dict[str, BudgetCfg] = field(default_factory=_default_variants)  # RL runs by name: their turn budgets
+    generous: str = "fixed_long"  # the variant whose RL gain over the base is compared at large and small T
+    tight: str = "fixed_short"  # the fixed tight-budget variant
+    budgetmix: str = "budgetmix"  # the BudgetMix variant compared with both fixed ones
+    small_t: int = 4  # the tight turn budget of finding 1 (must be in eval.ts)
+    inject_turns: list[int] = field(default_factory=lambda: [1])  # 1-based turns of the error-injection run ([] = none)
+    inject_prob: float = 1.0  # probability of a forced wrong action at those turns
+    probe_noise: float = 0.25  # noise of the oracle whose states form the decision-accuracy probe set
+    window: int = 3  # turns allowed to get back on track after an error
+
+
 @dataclass
 class Config:
     """One experiment: every section, the seed and the output directory."""
@@ -195,6 +219,7 @@ class Config:
     data: DataCfg = field(default_factory=DataCfg)
     checkpoint: CheckpointCfg = field(default_factory=CheckpointCfg)
     mesh: MeshCfg = field(default_factory=MeshCfg)
+    reproduce: ReproduceCfg = field(default_factory=ReproduceCfg)
 
 
 # ---- loading: YAML layers + dotted overrides -> a typed Config --------------------------------------
@@ -291,6 +316,25 @@ def parse_overrides(overrides: list[str] | tuple[str, ...]) -> dict:
         raise ConfigError("", f"cannot parse overrides {list(overrides)}: {str(err).splitlines()[0]}") from None
 
 
+def _required_keys(layers: list[dict]) -> list[str]:
+    """Dotted keys that a layer marks `???` (OmegaConf's MISSING) and no later layer sets.
+
+    OmegaConf's merge keeps the schema default when a layer says `???`, so "required" is checked here,
+    on the raw layers, before merging."""
+    marked: dict[str, bool] = {}
+
+    def walk(node: dict, prefix: str) -> None:
+        for k, v in node.items():
+            if isinstance(v, dict):
+                walk(v, f"{prefix}{k}.")
+            else:
+                marked[f"{prefix}{k}"] = v == "???"
+
+    for layer in layers:
+        walk(layer, "")
+    return sorted(k for k, is_missing in marked.items() if is_missing)
+
+
 def build(
     data: dict | list[dict] | None = None, overrides: list[str] | tuple[str, ...] = (), schema=Config
 ):
@@ -302,6 +346,11 @@ def build(
         if not isinstance(layer, dict):
             raise ConfigError("", f"a config must be a mapping of sections, got {type(layer).__name__}: {layer!r}.")
     layers = [_check_sections(layer, schema) for layer in layers]
+    required = _required_keys(layers)
+    if required:
+        raise ConfigError(
+            required[0], f"is required (the config file marks it ???); give it as an override, e.g. {required[0]}=VALUE."
+        )
     try:
         merged = OmegaConf.merge(OmegaConf.structured(schema), *[OmegaConf.create(layer) for layer in layers])
         cfg = OmegaConf.to_object(merged)
@@ -369,24 +418,54 @@ def _in_range(key: str, value: float, lo: float, hi: float, lo_open: bool = Fals
         raise ConfigError(key, f"must be in {interval}, got {value}.")
 
 
-def make_budget(b: BudgetCfg):
-    """The `bmrl.budget.Budget` of a budget section (raising ConfigError on a bad one)."""
+def make_budget(b: BudgetCfg, prefix: str = "budget"):
+    """The `bmrl.budget.Budget` of a budget section (raising ConfigError on a bad one).
+
+    `prefix` is the section's dotted key, named in errors (e.g. `reproduce.variants.budgetmix`).
+    """
     from bmrl import budget as budget_lib
 
-    _one_of("budget.kind", b.kind, budget_lib.KINDS)
+    _one_of(f"{prefix}.kind", b.kind, budget_lib.KINDS)
     if b.probs is not None and b.kind != "mix":
-        raise ConfigError("budget.probs", f"applies to kind=mix only; remove it (or null it) for kind={b.kind}.")
+        raise ConfigError(f"{prefix}.probs", f"applies to kind=mix only; remove it (or null it) for kind={b.kind}.")
     try:
         if b.kind == "fixed":
             if len(b.budgets) != 1:
-                raise ConfigError("budget.budgets", f"a fixed budget takes exactly one cap, got {b.budgets}.")
+                raise ConfigError(f"{prefix}.budgets", f"a fixed budget takes exactly one cap, got {b.budgets}.")
             return budget_lib.fixed(b.budgets[0])
         if b.kind == "mix":
             return budget_lib.mix(b.budgets, b.probs)
         return budget_lib.uniform(b.lo, b.hi)
     except budget_lib.BudgetError as err:
-        key = "budget.probs" if "probabilit" in str(err) else "budget.lo" if b.kind == "uniform" else "budget.budgets"
-        raise ConfigError(key, str(err)) from None
+        field_ = "probs" if "probabilit" in str(err) else "lo" if b.kind == "uniform" else "budgets"
+        raise ConfigError(f"{prefix}.{field_}", str(err)) from None
+
+
+def _check_reproduce(cfg: Config) -> None:
+    rep = cfg.reproduce
+    if not rep.seeds or len(set(rep.seeds)) != len(rep.seeds):
+        raise ConfigError("reproduce.seeds", f"needs one or more distinct seeds, got {rep.seeds}.")
+    if not rep.variants:
+        raise ConfigError("reproduce.variants", "needs at least one RL budget variant.")
+    for name, b in rep.variants.items():
+        if name == "base" or not name.replace("_", "").replace("-", "").isalnum():
+            raise ConfigError(f"reproduce.variants.{name}", "variant names are letters, digits, '_' or '-', and not 'base'.")
+        cap = make_budget(b, f"reproduce.variants.{name}").max_cap
+        if cap > cfg.rollout.max_turns:
+            raise ConfigError(
+                f"reproduce.variants.{name}",
+                f"the largest cap {cap} exceeds rollout.max_turns={cfg.rollout.max_turns}; raise max_turns or lower the budget.",
+            )
+    for role in ("generous", "tight", "budgetmix"):
+        if getattr(rep, role) not in rep.variants:
+            raise ConfigError(f"reproduce.{role}", f"{getattr(rep, role)!r} is not a variant; variants are {sorted(rep.variants)}.")
+    if rep.small_t not in cfg.eval.ts:
+        raise ConfigError("reproduce.small_t", f"{rep.small_t} must be one of eval.ts={cfg.eval.ts}.")
+    if bad := [t for t in rep.inject_turns if not 1 <= t <= cfg.rollout.max_turns]:
+        raise ConfigError("reproduce.inject_turns", f"1-based turns in 1..rollout.max_turns={cfg.rollout.max_turns}; got {bad}.")
+    _in_range("reproduce.inject_prob", rep.inject_prob, 0, 1)
+    _in_range("reproduce.probe_noise", rep.probe_noise, 0, 1, hi_open=True)
+    _positive(rep, "reproduce", ("window",))
 
 
 def _env_options_error(name: str, options: dict) -> str | None:
@@ -528,6 +607,7 @@ def validate(cfg: Config) -> None:
             raise ConfigError(f"mesh.{name}", f"must be >= 1, or -1 for all remaining devices; got {size}.")
     if list(sizes.values()).count(-1) > 1:
         raise ConfigError("mesh", f"at most one axis may be -1 (all remaining devices), got {sizes}.")
+    _check_reproduce(cfg)
 
 
 # ---- documentation: the schema as markdown (docs/configs.md) ----------------------------------------

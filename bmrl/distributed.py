@@ -112,7 +112,7 @@ def resolve_settings(
     if local_device_ids is None and env.get(ENV_LOCAL_DEVICE_IDS):
         local_device_ids = [_int(ENV_LOCAL_DEVICE_IDS, d) for d in env[ENV_LOCAL_DEVICE_IDS].split(",")]
     explicit = any(v is not None for v in (coordinator, num, pid))
-    if mode == "off" or (not explicit and mode == ""  and _cluster_detected(env) is None):
+    if mode == "off" or (not explicit and mode == "" and _cluster_detected(env) is None):
         return None
     if not explicit:  # mode == "auto" or a cluster launcher: JAX fills in everything
         return {} if local_device_ids is None else {"local_device_ids": list(local_device_ids)}
@@ -159,7 +159,8 @@ def initialize(
         info = process_info()
         if num_processes is not None and int(num_processes) != info.process_count:
             raise DistributedError(
-                f"jax.distributed already runs {info.process_count} processes; cannot re-initialise for {num_processes}."
+                f"jax.distributed already runs {info.process_count} processes; "
+                f"cannot re-initialise for {num_processes}."
             )
         return info
     settings = resolve_settings(coordinator_address, num_processes, process_id, local_device_ids)
@@ -169,9 +170,10 @@ def initialize(
         except (RuntimeError, ValueError) as err:
             where = settings.get("coordinator_address", "auto-detected cluster")
             raise DistributedError(
-                f"jax.distributed.initialize failed ({where}): {err}. Check that every process uses the same "
-                f"coordinator and process count, that process 0 started, and that its port is reachable; "
-                f"set {ENV_MODE}=off to run as a single process."
+                f"jax.distributed.initialize failed ({where}): {err}. Call bmrl.distributed.initialize() before "
+                f"any other JAX call; check that every process uses the same coordinator and process count, "
+                f"that process 0 started and that its port is reachable; set {ENV_MODE}=off to run as a "
+                f"single process."
             ) from err
     return process_info()
 
@@ -203,7 +205,8 @@ def local_rows(mesh_or_sharding: Mesh | Sharding, global_batch: int) -> slice:
                 f"(mesh axes {axes}); use a multiple of {ways}."
             )
     index_map = sharding.addressable_devices_indices_map((global_batch,))
-    starts = sorted({(idx[0].start or 0, global_batch if idx[0].stop is None else idx[0].stop) for idx in index_map.values()})
+    starts = sorted({(idx[0].start or 0, global_batch if idx[0].stop is None else idx[0].stop)
+                     for idx in index_map.values()})
     lo, hi = starts[0][0], starts[0][1]
     for a, b in starts[1:]:
         if a > hi:

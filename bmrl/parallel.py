@@ -63,10 +63,10 @@ def make_mesh(cfg: MeshConfig = MeshConfig(), devices: Sequence[jax.Device] | No
 
 
 def _path_str(path: tuple[Any, ...]) -> str:
-    parts = []
-    for p in path:
-        key = getattr(p, "key", getattr(p, "idx", getattr(p, "name", p)))
-        parts.append(str(key))
+    """'layers/0/self_attn/q_proj/kernel' from a pytree path (nnx State leaves end in `.value`)."""
+    parts = [str(getattr(p, "key", getattr(p, "idx", getattr(p, "name", p)))) for p in path]
+    if parts and parts[-1] == "value":
+        parts.pop()
     return "/".join(parts)
 
 

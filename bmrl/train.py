@@ -69,14 +69,19 @@ def tasks_at(seeds: np.ndarray, position: int, count: int, seed: int) -> np.ndar
 
 
 # ---------------------------------------------------------------- evaluation
-def make_evaluator(graphdef, env, fmt, cfg, test_seeds: np.ndarray, mesh):
+def make_evaluator(graphdef, env, fmt, cfg, test_seeds: np.ndarray, mesh, train_rollout=None):
     """Pass@(1,T) at every T of `cfg.eval.ts`: `num_tasks` test tasks x each T as an exact cap, in
-    one batch (one compile). Returns `evaluate(params, key) -> {T: (success rate, standard error)}`."""
+    one batch (one compile). Returns `evaluate(params, key) -> {T: (success rate, standard error)}`.
+
+    `train_rollout` (the training loop's compiled rollout) is reused when the evaluation samples at
+    the training temperature: an evaluation batch of the training batch's shape then compiles nothing.
+    """
     ts = list(cfg.eval.ts)
     n = min(cfg.eval.num_tasks, len(test_seeds))
     rcfg = policy_lib.rollout_config(cfg, for_eval=True)
     check_config(env, fmt, rcfg, min(ts))
-    run = make_rollout(graphdef, env, fmt, rcfg)
+    same = train_rollout is not None and rcfg == policy_lib.rollout_config(cfg)
+    run = train_rollout if same else make_rollout(graphdef, env, fmt, rcfg)
     tasks = shard_batch({"seed": jnp.asarray(np.tile(test_seeds[:n], len(ts)), jnp.int32)}, mesh)
     caps = shard_batch(jnp.asarray(np.repeat(ts, n), jnp.int32), mesh)
     inject = Injection.none(rcfg.max_turns)
@@ -90,7 +95,7 @@ def make_evaluator(graphdef, env, fmt, cfg, test_seeds: np.ndarray, mesh):
             out[int(t)] = (p, math.sqrt(max(p * (1 - p), 0.0) / n))
         return out
 
-    evaluate.trace_count = run.trace_count
+    evaluate.trace_count = (lambda: 0) if same else run.trace_count  # compiles of its own
     return evaluate
 
 
@@ -195,7 +200,7 @@ def train(cfg, *, progress: bool | None = None) -> dict:
         sample_traces[0] += 1
         return budget.sample(key, batch, t.group_size, cfg.budget.share_in_group)
 
-    evaluate = make_evaluator(graphdef, env, fmt, cfg, test_seeds, mesh)
+    evaluate = make_evaluator(graphdef, env, fmt, cfg, test_seeds, mesh, rollout_fn)
     inject = Injection.none(rcfg.max_turns)
     compiles = lambda: rollout_fn.trace_count() + update.trace_count() + sample_traces[0]  # noqa: E731
 

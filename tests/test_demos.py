@@ -11,9 +11,9 @@ from bmrl.rollout import RolloutConfig, default_format, rollout
 from bmrl.sampling import SamplingConfig
 from tests.rollout_helpers import steered_policy
 
-ENVS = {
-    "corridor": dict(length=4, eps=0.3, show_budget=True),  # slips: observations depend on the env keys
-    "toolchain": dict(k=2, num_keys=8, p_fail=0.3),  # multi-token actions, failed tool calls
+ENVS = {  # options, steering scale (lower = more varied replies)
+    "corridor": (dict(length=4, eps=0.3, show_budget=True), 3.0),  # slips: observations depend on the env keys
+    "toolchain": (dict(k=2, num_keys=8, p_fail=0.3), 12.0),  # multi-token actions, failed tool calls
 }
 
 
@@ -24,9 +24,10 @@ def _np(tree):
 @pytest.mark.parametrize("name", sorted(ENVS))
 def test_demo_of_rollout_actions_equals_the_rollout(name, tiny_tokenizer):
     """Replaying a rollout's actions with its key gives its tokens, masks, turns and env records."""
-    env = make(name, tiny_tokenizer, **ENVS[name])
+    options, scale = ENVS[name]
+    env = make(name, tiny_tokenizer, **options)
     fmt = default_format(env)
-    policy = steered_policy(env, fmt, seed=1, scale=3.0)
+    policy = steered_policy(env, fmt, seed=1, scale=scale)
     cfg = RolloutConfig(max_turns=6, max_reply_tokens=8, max_len=512, sampling=SamplingConfig(temperature=1.0))
     batch = 16
     tasks = {"seed": jnp.arange(batch, dtype=jnp.int32) + 7}
@@ -125,6 +126,11 @@ def test_noise_free_demos_solve_and_overflow_is_flagged(corridor):
     assert (d.progress[np.arange(16), d.num_turns] == 1.0).all()
     short = demo_tokens_needed(env, fmt, 2)
     s = _np(make_demos(env, fmt, tasks, jax.random.key(2), num_turns=16, max_len=short, noise=0.0))
-    assert s.overflow.all() and (s.length <= short).all() and (s.num_turns <= 2).all() and (s.num_turns >= 1).all()
+    assert s.overflow.all() and (s.length <= short).all() and (s.num_turns >= 2).all()
+    assert (s.num_turns < d.num_turns).all() and not s.success.any()
+    # The kept turns are the full demo's, token for token.
+    for b in range(16):
+        n = int(s.length[b])
+        np.testing.assert_array_equal(s.tokens[b, :n], d.tokens[b, :n])
     with pytest.raises(ValueError, match="max_len"):
         make_demos(env, fmt, tasks, jax.random.key(2), num_turns=4, max_len=20, noise=0.0)

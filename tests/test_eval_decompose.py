@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from bmrl.eval.decompose import Episodes, back_on_track, decompose, decision_accuracy_per_task, recovery_per_task
+from bmrl.eval.decompose import Episodes, back_on_track, decompose_episodes, decision_accuracy_per_task, recovery_per_task
 
 F, T = False, True
 
@@ -42,7 +42,7 @@ def test_decision_accuracy_error_rate_and_first_errors():
     np.testing.assert_array_equal(ep.first_error_turn("any"), [2, 2, 0, 1])
     np.testing.assert_array_equal(ep.first_error_turn("decision"), [2, 0, 0, 1])  # the slip is not a decision
     np.testing.assert_array_equal(ep.first_error_turn("env"), [0, 2, 0, 0])
-    d = decompose(ep, window=2, num_resamples=200)
+    d = decompose_episodes(ep, window=2, num_resamples=200)
     assert d.decision_accuracy.mean == pytest.approx((7 / 8 + 8 / 9) / 2)
     assert d.error_rate.mean == pytest.approx((2 / 8 + 1 / 9) / 2)  # errors per active turn
     # First-error histogram: task 0 both at turn 2; task 1 half none, half turn 1.
@@ -58,7 +58,7 @@ def test_recovery_by_turn_and_pooled():
     np.testing.assert_allclose(pooled, [0.0, 1.0])
     assert by_turn[1, 0] == 1.0 and np.isnan(by_turn[0, 0])  # first error at turn 1: task 1 only
     assert by_turn[0, 1] == 0.0 and np.isnan(by_turn[1, 1])  # first error at turn 2: task 0 only
-    d = decompose(ep, window=2, num_resamples=200)
+    d = decompose_episodes(ep, window=2, num_resamples=200)
     assert d.recovery.mean == pytest.approx(0.5) and d.recovery.num_tasks == 2
     assert d.recovery_by_turn[1].mean == 1.0 and d.recovery_by_turn[1].num_tasks == 1
     assert d.recovery_by_turn[2].mean == 0.0 and set(d.recovery_by_turn) == {1, 2}
@@ -76,7 +76,7 @@ def test_back_on_track_window():
     # window 3: row 0/1's window (turns 3..5) passes their cap 4 -> not counted.
     w3 = back_on_track(ep, 3)
     assert np.isnan(w3[0]) and np.isnan(w3[1]) and w3[3] == 1.0
-    assert decompose(ep, window=1, num_resamples=200).back_on_track.mean == pytest.approx((0.5 + 1.0) / 2)
+    assert decompose_episodes(ep, window=1, num_resamples=200).back_on_track.mean == pytest.approx((0.5 + 1.0) / 2)
     with pytest.raises(ValueError, match="window must be >= 1"):
         back_on_track(ep, 0)
 
@@ -95,4 +95,4 @@ def test_injected_turns_are_not_decisions_and_bad_shapes_are_refused():
     # to_dict is JSON-ready.
     import json
 
-    json.dumps(decompose(ep, num_resamples=50).to_dict())
+    json.dumps(decompose_episodes(ep, num_resamples=50).to_dict())

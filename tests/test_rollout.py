@@ -199,7 +199,7 @@ def test_sharded_rollout_matches_single_device(tmp_path):
         assert jax.device_count() == 8, jax.devices()
         tok = train_tiny_tokenizer(corpus(["corridor"], observations=False), 384)
         env = make("corridor", tok, length=4, eps=0.3)
-        policy = steered_policy(env, default_format(env), seed=1)
+        policy = steered_policy(env, default_format(env), seed=1, noise=0.5)  # noise: no exact argmax ties
         cfg = RolloutConfig(max_turns=6, max_reply_tokens=6, max_len=512, sampling=SamplingConfig(0.0))
         tasks = {"seed": jnp.arange(16, dtype=jnp.int32)}
         caps = jnp.array([1, 2, 3, 4, 5, 6, 6, 5] * 2, jnp.int32)
@@ -209,6 +209,8 @@ def test_sharded_rollout_matches_single_device(tmp_path):
         sh_tasks, sh_caps = shard_batch((tasks, caps), mesh)
         many = rollout(sharded_policy, env, sh_tasks, sh_caps, jax.random.key(0), cfg)
         assert len(many.tokens.sharding.device_set) == 8, many.tokens.sharding
+        q = sharded_policy.layers[0].self_attn.q_proj.kernel[...]
+        assert q.sharding.spec == jax.sharding.PartitionSpec("fsdp", "tensor"), q.sharding
         for f in ("tokens", "length", "action", "turns_used", "success"):
             np.testing.assert_array_equal(np.asarray(getattr(one, f)), np.asarray(getattr(many, f)), err_msg=f)
         print("SHARDED_OK")

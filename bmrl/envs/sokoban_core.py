@@ -40,7 +40,9 @@ class Geometry:
 
     def __post_init__(self):
         if not 5 <= self.size <= 7:
-            raise ValueError(f"sokoban size={self.size} is not supported; use 5, 6 or 7 (outer walls included).")
+            raise ValueError(
+                f"sokoban size={self.size} is not supported; use 5, 6 or 7 (outer walls included)."
+            )
         if self.boxes not in (1, 2):
             raise ValueError(f"sokoban boxes={self.boxes} is not supported; use 1 or 2.")
 
@@ -177,7 +179,7 @@ def solve(geom: Geometry, wall: jax.Array, targets: jax.Array) -> jax.Array:
     offsets = []
     for dr, dc in MOVES:
         step = dr * geom.n + dc
-        offsets.append([step * unit[0] + (step * unit[1 + i] if i >= 0 else 0) for i in range(-1, geom.boxes)])
+        offsets.append([step * (unit[0] + (unit[1 + i] if i >= 0 else 0)) for i in range(-1, geom.boxes)])
 
     margin = max(abs(o) for offs in offsets for o in offs)
     which = [which[:, a].astype(jnp.int8) for a in range(4)]

@@ -31,6 +31,21 @@ _EXPORTS = {
     "plot_difference_heatmap": "bmrl.eval.plots",
     "plot_pass1_curves": "bmrl.eval.plots",
     "plot_grouped_bars": "bmrl.eval.plots",
+    "evaluate": "bmrl.eval.evaluate",
+    "EvalResult": "bmrl.eval.evaluate",
+    "attach_injection": "bmrl.eval.evaluate",
+    "attempt_keys": "bmrl.eval.evaluate",
+    "Episodes": "bmrl.eval.decompose",
+    "Estimate": "bmrl.eval.decompose",
+    "Decomposition": "bmrl.eval.decompose",
+    "decompose_episodes": "bmrl.eval.decompose",
+    "ProbeSet": "bmrl.eval.decompose",
+    "ProbeResult": "bmrl.eval.decompose",
+    "probe_set": "bmrl.eval.decompose",
+    "probe_accuracy": "bmrl.eval.decompose",
+    "write_report": "bmrl.eval.report",
+    "paired_surface": "bmrl.eval.report",
+    "paired_decomposition": "bmrl.eval.report",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -251,7 +251,7 @@ class Decomposition:
         }
 
 
-def decompose(
+def decompose_episodes(
     ep: Episodes, *, window: int = 3, errors: str = "any", key: int = 0, num_resamples: int = 1000,
     confidence: float = 0.95,
 ) -> Decomposition:
@@ -342,7 +342,6 @@ def probe_set(
     cut) and one of its turns is drawn uniformly, among those whose context + `reserve` tokens (the
     reply) fits `max_len`. Deterministic in `seed`."""
     import jax
-    import jax.numpy as jnp
 
     from bmrl.learn.demos import make_demos
 

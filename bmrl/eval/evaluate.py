@@ -39,7 +39,7 @@ from flax import nnx
 
 from bmrl.envs.base import INVALID, Env
 from bmrl.eval.bootstrap import SurfaceInterval, bootstrap_mean
-from bmrl.eval.decompose import Decomposition, Episodes, Estimate, decompose, estimate
+from bmrl.eval.decompose import Decomposition, Episodes, Estimate, decompose_episodes, estimate
 from bmrl.eval.passkt import pass_at_kt_per_task
 from bmrl.formats import Format
 from bmrl.rollout import Injection, RolloutConfig, _cached_rollout, check_caps, check_config, default_format
@@ -389,7 +389,7 @@ def evaluate(
         env=env.name, mode=mode, ks=ks, ts=ts, attempts=int(attempts), num_tasks=num_tasks,
         show_budget=bool(env.show_budget), tasks={k: np.asarray(v) for k, v in dict(tasks).items()} if isinstance(tasks, dict) else tasks,
         first_success_turn=fst, per_task=per_task, surface=surface, episodes=episodes,
-        decomposition=decompose(episodes, window=window, errors=errors, **boot),
+        decomposition=decompose_episodes(episodes, window=window, errors=errors, **boot),
         metrics=metrics, surface_truncate=surface_tr, max_abs_difference=max_diff,
         injection=_describe(inject), warnings=result_warnings, compiles=int(compiles), grid_action=grid_action,
         grid_logprob=grid_logprob,

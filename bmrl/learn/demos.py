@@ -58,7 +58,8 @@ class Demos:
     turn_of_token: jax.Array  # int32[B, L]: 0-based turn of each token; -1 prompt prefix/padding
     action: jax.Array  # int32[B, Tm]: demonstrated action; INVALID (-1) where the turn is not in the demo
     oracle_action: jax.Array  # int32[B, Tm]: the oracle's action in the state before turn t
-    wrong: jax.Array  # bool[B, Tm]: the demonstrator deviated from the oracle (a noise draw)
+    wrong: jax.Array  # bool[B, Tm]: the action differs from the oracle's (a noise draw; in frozenlake
+    #                   another move can be as short, it still counts as the demonstrator's deviation)
     error: jax.Array  # bool[B, Tm]: the environment reported an error (wrong action, slip, failed call...)
     turn_active: jax.Array  # bool[B, Tm]: turn t is part of the demo
     reply_start: jax.Array  # int32[B, Tm]: offset of turn t's first reply token; -1 where inactive
@@ -157,6 +158,7 @@ def _play(env: Env, num_turns: int, cut_after_error: bool, replay: bool, key, ta
     env_key = jax.random.fold_in(key, 0)
     noise_key = jax.random.fold_in(key, 2)
     state, obs = env.reset(env_key, task, cap)
+    progress0 = env.progress(state)
 
     def turn(carry, t):
         state, obs, done = carry
@@ -180,7 +182,7 @@ def _play(env: Env, num_turns: int, cut_after_error: bool, replay: bool, key, ta
         return (state, obs, done | (active & end)), out
 
     _, rec = jax.lax.scan(turn, (state, obs, jnp.bool_(False)), jnp.arange(num_turns))
-    rec["progress0"] = env.progress(env.reset(env_key, task, cap)[0])
+    rec["progress0"] = progress0
     return rec
 
 

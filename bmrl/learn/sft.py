@@ -77,7 +77,7 @@ def make_sft_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, max_
         (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
         updates, opt_state = tx.update(grads, opt_state, params, loss=loss)
         params = optax.apply_updates(params, updates)
-        return params, opt_state, {"loss": loss, "grad_norm": optax.global_norm(grads), **aux}
+        return params, opt_state, {"loss": loss, "grad_norm": optax.tree.norm(grads), **aux}
 
     return jax.jit(step, donate_argnums=(0, 1))
 
