@@ -29,9 +29,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Commands that compute with JAX: on a multi-process run (a TPU pod slice, several GPU hosts) they
+# start `jax.distributed` first; for a single process this is a no-op.
+DISTRIBUTED_COMMANDS = ("sft", "train", "eval", "reproduce", "sweep")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Parse `argv` and run the chosen command; returns its exit status."""
     args = build_parser().parse_args(argv)
+    if args.command in DISTRIBUTED_COMMANDS:
+        from bmrl.distributed import initialize
+
+        initialize()
     return int(args.func(args) or 0)
 
 

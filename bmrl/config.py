@@ -441,7 +441,8 @@ def make_budget(b: BudgetCfg, prefix: str = "budget"):
         raise ConfigError(f"{prefix}.{field_}", str(err)) from None
 
 
-def _check_reproduce(cfg: Config) -> None:
+def check_reproduce(cfg: Config) -> None:
+    """Refuse a `reproduce` section that cannot run (checked by `bmrl reproduce` before any work)."""
     rep = cfg.reproduce
     if not rep.seeds or len(set(rep.seeds)) != len(rep.seeds):
         raise ConfigError("reproduce.seeds", f"needs one or more distinct seeds, got {rep.seeds}.")
@@ -607,7 +608,6 @@ def validate(cfg: Config) -> None:
             raise ConfigError(f"mesh.{name}", f"must be >= 1, or -1 for all remaining devices; got {size}.")
     if list(sizes.values()).count(-1) > 1:
         raise ConfigError("mesh", f"at most one axis may be -1 (all remaining devices), got {sizes}.")
-    _check_reproduce(cfg)
 
 
 # ---- documentation: the schema as markdown (docs/configs.md) ----------------------------------------

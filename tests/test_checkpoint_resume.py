@@ -57,11 +57,11 @@ CFG = dict(
     seed=3,
     env={"name": "corridor", "options": {"length": 2, "eps": 0.2}},
     budget={"kind": "uniform", "lo": 1, "hi": 3},
-    rollout={"max_turns": 3, "max_reply_tokens": 4, "max_len": 192},
+    rollout={"max_turns": 12, "max_reply_tokens": 4, "max_len": 192},  # caps stay <= 3
     model={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1},
     train={"steps": 6, "tasks_per_step": 2, "group_size": 2, "epochs": 2, "minibatches": 2,
            "kl_coef": 0.05, "optim": {"lr": 3e-3, "warmup_steps": 2}},
-    eval={"ts": [3], "ks": [1], "attempts": 1, "num_tasks": 4, "every": 0},  # the train batch's shape
+    eval={"ts": [3, 4], "ks": [1], "attempts": 1, "num_tasks": 2, "every": 0},  # the train batch's shape
     data={"train_size": 5, "test_size": 4},  # 5 train tasks: the data stream wraps mid-run
     checkpoint={"every": 2, "keep": 2},
 )

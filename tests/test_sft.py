@@ -15,7 +15,7 @@ from bmrl.model import from_pretrained
 OVERRIDES = [
     "env.name=corridor", "env.options={length: 4, eps: 0.1}",
     "model.hidden_size=64", "model.intermediate_size=128", "model.num_hidden_layers=2",
-    "budget.budgets=[8]", "rollout.max_turns=8", "rollout.max_reply_tokens=4", "rollout.max_len=352",
+    "budget.budgets=[8]", "rollout.max_turns=12", "rollout.max_reply_tokens=4", "rollout.max_len=352",
     "sft.steps=80", "sft.batch_size=32", "sft.noise=0.25", "sft.demo_turns=6",
     "sft.optim.lr=0.005", "sft.optim.warmup_steps=10", "sft.optim.schedule=constant",
     "eval.ts=[4,8]", "eval.ks=[1]", "eval.attempts=1", "eval.num_tasks=32",
@@ -81,7 +81,7 @@ def test_check_fits_refuses_and_warns(tiny_tokenizer):
     from bmrl.policy import check_fits, make_env
     from bmrl.rollout import default_format
 
-    cfg = build({}, ["env.options={length: 4}", "rollout.max_len=200", "rollout.max_turns=8", "eval.ts=[1,8]",
+    cfg = build({}, ["env.options={length: 4}", "rollout.max_len=200", "rollout.max_turns=12", "eval.ts=[1,4,8]",
                      "budget.kind=mix", "budget.budgets=[2,8]"])
     env = make_env(cfg, tiny_tokenizer)
     with pytest.warns(UserWarning, match="largest cap"):

@@ -77,13 +77,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace, cfg) -> int:
-    import jax
-
     from bmrl import policy as pol
-    from bmrl.eval.decompose import probe_accuracy, probe_set
-    from bmrl.eval.evaluate import attach_injection, evaluate
     from bmrl.eval.report import write_report
-    from bmrl.rollout import default_format
+    from bmrl.eval.run import evaluate_policies
 
     names = _names(args)
     if args.baseline is not None and args.baseline not in names:
@@ -93,26 +89,9 @@ def _run(args: argparse.Namespace, cfg) -> int:
     inject_turns = _inject_turns(args.inject_turns, cfg.rollout.max_turns)
     e = cfg.eval
     out = args.out or os.path.join(cfg.out_dir, "eval")
-    tasks = pol.split_tasks(cfg, "test", e.num_tasks)
-    rcfg = pol.rollout_config(cfg, for_eval=True)
-    key = jax.random.key(cfg.seed)
-    common = dict(ts=e.ts, ks=e.ks, attempts=e.attempts, rollout_cfg=rcfg, bootstrap=e.bootstrap, window=args.window)
-    policies = [pol.load_policy(path) for path in args.policy]  # fail on a bad directory before any work
-    results = {}
-    for name, (model, tokenizer) in zip(names, policies):
-        env = pol.make_env(cfg, tokenizer)
-        fmt = default_format(env)
-        pol.check_fits(cfg, env, fmt)
-        print(f"bmrl eval: {name}: {e.num_tasks} tasks x {e.attempts} attempts, T in {list(e.ts)}, mode {e.mode}", file=sys.stderr)
-        result = evaluate(model, env, tasks, key=key, mode=e.mode, fmt=fmt, **common)
-        if e.probe_states > 0:
-            probes = probe_set(env, fmt, tasks, num_states=e.probe_states, seed=cfg.seed, noise=args.probe_noise,
-                               num_turns=rcfg.max_turns, max_len=rcfg.max_len, reserve=rcfg.max_reply_tokens)
-            result.probe = probe_accuracy(model, env, probes, rcfg, key=cfg.seed + 1, fmt=fmt, num_resamples=max(e.bootstrap, 0))
-        if inject_turns and args.inject_prob > 0:
-            attach_injection(result, model, env, tasks, turns=inject_turns, prob=args.inject_prob, key=key, fmt=fmt,
-                             **{k: v for k, v in common.items() if k not in ("ts", "ks", "attempts", "bootstrap")})
-        results[name] = result
+    policies = {name: pol.load_policy(path) for name, path in zip(names, args.policy)}  # fail early on a bad dir
+    results = evaluate_policies(cfg, policies, inject_turns=inject_turns, inject_prob=args.inject_prob,
+                                probe_noise=args.probe_noise, window=args.window)
     settings = {
         "config": args.config, "policies": ", ".join(f"{n} = {p}" for n, p in zip(names, args.policy)),
         "env": f"{cfg.env.name} {dict(cfg.env.options)}", "show budget": cfg.env.show_budget,

@@ -1,0 +1,78 @@
+"""Evaluating saved policies from a Config: the shared core of `bmrl eval` and `bmrl reproduce`.
+
+Every policy is evaluated on the same held-out test tasks with the same keys, over the grid
+eval.ks x eval.ts in eval.mode; then on a fixed probe set of noisy-oracle states (decision
+accuracy) and, when injection turns are given, again with errors injected (recovery with errors
+equalised across policies).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from bmrl.config import Config
+
+
+def evaluate_policies(
+    cfg: Config,
+    policies: Mapping[str, tuple[Any, Any]],
+    *,
+    inject_turns: Sequence[int] = (0,),
+    inject_prob: float = 1.0,
+    probe_noise: float = 0.25,
+    window: int = 3,
+    log: Callable[[str], Any] = lambda msg: print(msg, file=sys.stderr),
+) -> dict[str, Any]:
+    """{name: EvalResult} for `policies` = {name: (model, tokenizer)}; inject_turns are 0-based."""
+    import jax
+
+    from bmrl import policy as pol
+    from bmrl.eval.decompose import probe_accuracy, probe_set
+    from bmrl.eval.evaluate import attach_injection, evaluate
+    from bmrl.rollout import default_format
+
+    e = cfg.eval
+    tasks = pol.split_tasks(cfg, "test", e.num_tasks)
+    rcfg = pol.rollout_config(cfg, for_eval=True)
+    key = jax.random.key(cfg.seed)
+    common = dict(rollout_cfg=rcfg, window=window)
+    results = {}
+    for name, (model, tokenizer) in policies.items():
+        env = pol.make_env(cfg, tokenizer)
+        fmt = default_format(env)
+        pol.check_fits(cfg, env, fmt)
+        log(f"eval {name}: {e.num_tasks} tasks x {e.attempts} attempts, T in {list(e.ts)}, mode {e.mode}")
+        result = evaluate(model, env, tasks, key=key, mode=e.mode, fmt=fmt, ts=e.ts, ks=e.ks,
+                          attempts=e.attempts, bootstrap=e.bootstrap, **common)
+        if e.probe_states > 0:
+            probes = probe_set(env, fmt, tasks, num_states=e.probe_states, seed=cfg.seed, noise=probe_noise,
+                               num_turns=rcfg.max_turns, max_len=rcfg.max_len, reserve=rcfg.max_reply_tokens)
+            result.probe = probe_accuracy(model, env, probes, rcfg, key=cfg.seed + 1, fmt=fmt,
+                                          num_resamples=max(e.bootstrap, 0))
+        if inject_turns and inject_prob > 0:
+            attach_injection(result, model, env, tasks, turns=list(inject_turns), prob=inject_prob, key=key,
+                             fmt=fmt, **common)
+        results[name] = result
+    return results
+
+
+def run_eval(cfg: Config) -> dict:
+    """Sweep command: evaluate the policy at cfg.model.path; report in <out_dir>/eval, summary.json."""
+    from bmrl import policy as pol
+    from bmrl.config import ConfigError, save
+    from bmrl.eval.report import write_report
+
+    if not cfg.model.path:
+        raise ConfigError("model.path", "eval needs the directory of a saved policy (e.g. <sft out_dir>/policy).")
+    results = evaluate_policies(cfg, {"policy": pol.load_policy(cfg.model.path)})
+    os.makedirs(cfg.out_dir, exist_ok=True)
+    save(cfg, os.path.join(cfg.out_dir, "config.yaml"))
+    _, summary = write_report(os.path.join(cfg.out_dir, "eval"), results, title="bmrl eval",
+                              settings={"policy": cfg.model.path, "env": cfg.env.name})
+    with open(os.path.join(cfg.out_dir, "summary.json"), "w") as f:
+        json.dump(summary["policy"], f, indent=2, default=float)
+    return summary["policy"]
