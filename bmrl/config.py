@@ -632,8 +632,21 @@ def _field_comments(cls) -> dict[str, str]:
     return out
 
 
+def _plain_data(value: Any) -> Any:
+    """Dataclasses (also inside dicts and lists) as plain dicts, for YAML."""
+    if dataclasses.is_dataclass(value):
+        return dataclasses.asdict(value)
+    if isinstance(value, dict):
+        return {k: _plain_data(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain_data(v) for v in value]
+    return value
+
+
 def _fmt_default(value: Any) -> str:
-    return "null" if value is None else yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("\n...")
+    if value is None:
+        return "null"
+    return yaml.safe_dump(_plain_data(value), default_flow_style=True).strip().removesuffix("\n...")
 
 
 def schema_markdown(cfg: Any = None, prefix: str = "") -> str:

@@ -169,7 +169,15 @@ def test_every_config_file_is_valid():
             continue  # sweep files: tests/test_sweep.py
         text = f.read_text()
         assert text.startswith("#"), f"{f.name}: start with a comment saying what it runs, its runtime and result"
-        config.load(f)
+        data = yaml.safe_load(text)
+        required = [f"{section}.{key}" for section, body in data.items() if isinstance(body, dict)
+                    for key, value in body.items() if value == "???"]
+        if required:  # real-model configs: the local model directory is a required override
+            with pytest.raises(config.ConfigError, match="is required"):
+                config.load(f)
+        cfg = config.load(f, [f"{k}=/path/to/model" for k in required])
+        if "reproduce" in data:
+            config.check_reproduce(cfg)
 
 
 def test_docs_are_current():

@@ -145,8 +145,6 @@ def test_real_model_config_parameter_count_matches_the_notes(name):
     assert re.search(rf"= {re.escape(written[:-1])}M parameters", notes)
 
 
-@pytest.mark.xfail(reason="needs bmrl.config.build to refuse keys a YAML marks ??? (OmegaConf's merge keeps the "
-                          "schema default instead); see the lead's note", strict=False)
 @pytest.mark.parametrize("name", sorted(REAL))
 def test_real_model_config_refuses_a_missing_model_path(name):
     from bmrl.config import ConfigError, load
