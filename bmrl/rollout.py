@@ -23,7 +23,7 @@ import numpy as np
 from flax import nnx, struct
 
 from bmrl.envs.base import INVALID, Env
-from bmrl.formats import Format, plain_format
+from bmrl.formats import Format
 from bmrl.sampling import SamplingConfig, sample
 
 
@@ -105,10 +105,13 @@ class Injection:
         return cls(prob=jnp.float32(prob), turns=jnp.asarray(mask))
 
 
-@functools.lru_cache(maxsize=None)
 def default_format(env: Env) -> Format:
-    """The plain format of `env` (cached so repeated rollouts reuse one compiled program)."""
-    return plain_format(env.tokenizer, env.instructions)
+    """The format of `env`'s tokenizer: its chat template's if it has one (real instruct models), else
+    the plain built-in one (tiny from-scratch models). Cached per env, so repeated rollouts reuse one
+    compiled program."""
+    from bmrl.chat import env_format
+
+    return env_format(env)
 
 
 def check_config(env: Env, fmt: Format, cfg: RolloutConfig, min_cap: int) -> None:
