@@ -32,6 +32,7 @@ from flax import nnx
 
 from bmrl import config as config_lib
 from bmrl import policy as policy_lib
+from bmrl.distributed import to_host
 from bmrl.checkpoint import Checkpointer, key_data
 from bmrl.learn import make_optimizer
 from bmrl.learn import step as step_lib
@@ -88,7 +89,7 @@ def make_evaluator(graphdef, env, fmt, cfg, test_seeds: np.ndarray, mesh, train_
 
     def evaluate(params, key) -> dict[int, tuple[float, float]]:
         traj = run(params, tasks, caps, key, inject)
-        success = np.asarray(traj.success).reshape(len(ts), n)
+        success = to_host(traj.success).reshape(len(ts), n)  # gathered across processes on a pod slice
         out = {}
         for t, s in zip(ts, success):
             p = float(s.mean())
