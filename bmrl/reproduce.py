@@ -110,9 +110,8 @@ def unit_metrics(result) -> dict[str, np.ndarray]:
         "decision_accuracy": decision_accuracy_per_task(ep),
         "recovery": recovery_per_task(ep)[1],
     }
-    if result.probe is not None:  # probe states are built from the tasks in order: pool them per task
-        correct = np.asarray(result.probe.correct, float)
-        out["probe_accuracy_states"] = correct
+    if result.probe is not None:  # per probe state; the probe set depends only on the seed, so pairs match
+        out["probe_accuracy_states"] = np.asarray(result.probe.correct, float)
     if result.injected is not None:
         k1 = result.injected.ks.index(1) if 1 in result.injected.ks else 0
         out["injected_success"] = np.asarray(result.injected.per_task, float)[:, k1, -1]
