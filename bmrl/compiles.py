@@ -1,0 +1,93 @@
+"""Compiled programs in one visible place: a cache keyed by static configuration, and a trace counter.
+
+Every jitted program bmrl builds goes through here, so a run (and a test, and a benchmark) can ask
+how many times each program was traced, and nothing is hidden in per-module caches keyed on object
+identity.
+
+    run = program("rollout", (graphdef, env, fmt, cfg), lambda: make_rollout(...))
+    step = counted_jit(update, name="train_step", donate_argnums=(0,))
+    counts()   # {"rollout": 1, "train_step": 1}
+
+`program` builds once per `(name, key)`; the key must be hashable and equal exactly when the built
+program would be the same (static shapes, environment, format, model graph). `counted_jit` wraps
+`jax.jit` so that every trace (= every compile of a new input shape or static argument) adds one to
+`counts()[name]`.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import threading
+from collections.abc import Callable, Hashable
+from typing import Any, TypeVar
+
+import jax
+
+T = TypeVar("T")
+
+_LOCK = threading.Lock()
+_PROGRAMS: "collections.OrderedDict[tuple[str, Hashable], Any]" = collections.OrderedDict()
+_COUNTS: collections.Counter[str] = collections.Counter()
+MAX_PROGRAMS = 256  # least recently used programs beyond this are dropped (their compiles are kept in counts)
+
+
+def program(name: str, key: Hashable, build: Callable[[], T]) -> T:
+    """The program `name` for static configuration `key`, built by `build()` on first use."""
+    full = (name, key)
+    with _LOCK:
+        if full in _PROGRAMS:
+            _PROGRAMS.move_to_end(full)
+            return _PROGRAMS[full]
+    built = build()
+    with _LOCK:
+        built = _PROGRAMS.setdefault(full, built)
+        _PROGRAMS.move_to_end(full)
+        while len(_PROGRAMS) > MAX_PROGRAMS:
+            _PROGRAMS.popitem(last=False)
+    return built
+
+
+def counted_jit(fun: Callable, *, name: str, **jit_kwargs: Any) -> Callable:
+    """`jax.jit(fun, **jit_kwargs)` whose every trace adds one to `counts()[name]`.
+
+    The returned callable also has `trace_count()` (its own traces), `lower` and `name`.
+    """
+    own = [0]
+
+    @functools.wraps(fun)
+    def traced(*args, **kwargs):
+        own[0] += 1
+        with _LOCK:
+            _COUNTS[name] += 1
+        return fun(*args, **kwargs)
+
+    jitted = jax.jit(traced, **jit_kwargs)
+
+    @functools.wraps(fun)
+    def call(*args, **kwargs):
+        return jitted(*args, **kwargs)
+
+    call.trace_count = lambda: own[0]  # type: ignore[attr-defined]
+    call.lower = jitted.lower  # type: ignore[attr-defined]
+    call.name = name  # type: ignore[attr-defined]
+    return call
+
+
+def counts() -> dict[str, int]:
+    """Traces (compiles) per program name since the process started (or the last `reset_counts`)."""
+    with _LOCK:
+        return dict(_COUNTS)
+
+
+def reset_counts() -> None:
+    """Zero the counters (the cached programs stay: a later call of one compiled shape adds nothing)."""
+    with _LOCK:
+        _COUNTS.clear()
+
+
+def clear() -> None:
+    """Drop every cached program and zero the counters (tests that need a cold start)."""
+    with _LOCK:
+        _PROGRAMS.clear()
+        _COUNTS.clear()
