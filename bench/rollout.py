@@ -3,7 +3,7 @@
 For a tiny model on the corridor environment (long enough that no episode ends early, so every
 sequence runs every turn), for batch 64 and 256 and for 8 and 32 turns:
   - environment turns/s and tokens/s of `bmrl.rollout.rollout` (one jit, compile excluded) and of
-    `bmrl.rollout_baseline.python_loop_rollout` (jitted per-turn generate, host env steps,
+    `bmrl.rollout.baseline.python_loop_rollout` (jitted per-turn generate, host env steps,
     context re-prefilled each turn);
   - compile time of the compiled loop;
   - t(32 turns) / t(8 turns) of the compiled loop (cost should grow about linearly in turns).
@@ -32,7 +32,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bmrl.envs import corpus, make  # noqa: E402
 from bmrl.model.tokenizer import train_tiny_tokenizer  # noqa: E402
 from bmrl.rollout import RolloutConfig, default_format, rollout  # noqa: E402
-from bmrl.rollout_baseline import python_loop_rollout  # noqa: E402
+from bmrl.rollout.baseline import python_loop_rollout  # noqa: E402
 from bmrl.sampling import SamplingConfig  # noqa: E402
 from bmrl.formats import add_tag_tokens, plain_format  # noqa: E402
 from tests.chat_helpers import chain_policy  # noqa: E402

@@ -70,33 +70,30 @@ def tasks_at(seeds: np.ndarray, position: int, count: int, seed: int) -> np.ndar
 
 
 # ---------------------------------------------------------------- evaluation
-def make_evaluator(graphdef, env, fmt, cfg, test_seeds: np.ndarray, mesh, train_rollout=None):
-    """Pass@(1,T) at every T of `cfg.eval.ts`: `num_tasks` test tasks x each T as an exact cap, in
-    one batch (one compile). Returns `evaluate(params, key) -> {T: (success rate, standard error)}`.
+def make_evaluator(graphdef, env, fmt, cfg, test_seeds: np.ndarray, mesh):
+    """Pass@(1,T) at every T of `cfg.eval.ts` on `num_tasks` test tasks, one attempt each, each T an
+    exact cap: `bmrl.eval.evaluate` (the one evaluator) with rows sharded over the training mesh and
+    gathered across processes. Returns `evaluate(params, key) -> {T: (success rate, standard error)}`;
+    its `trace_count()` counts the compiles of its own (an evaluation that samples like training, at
+    the training batch shape, reuses the training rollout program)."""
+    from bmrl.eval.evaluate import evaluate as evaluate_policy
 
-    `train_rollout` (the training loop's compiled rollout) is reused when the evaluation samples at
-    the training temperature: an evaluation batch of the training batch's shape then compiles nothing.
-    """
     ts = list(cfg.eval.ts)
     n = min(cfg.eval.num_tasks, len(test_seeds))
     rcfg = policy_lib.rollout_config(cfg, for_eval=True)
     check_config(env, fmt, rcfg, min(ts))
-    same = train_rollout is not None and rcfg == policy_lib.rollout_config(cfg)
-    run = train_rollout if same else make_rollout(graphdef, env, fmt, rcfg)
-    tasks = shard_batch({"seed": jnp.asarray(np.tile(test_seeds[:n], len(ts)), jnp.int32)}, mesh)
-    caps = shard_batch(jnp.asarray(np.repeat(ts, n), jnp.int32), mesh)
-    inject = Injection.none(rcfg.max_turns)
+    tasks = {"seed": np.asarray(test_seeds[:n], np.int32)}
+    place = lambda tree: shard_batch(jax.tree.map(jnp.asarray, tree), mesh)  # noqa: E731
+    compiled = [0]
 
     def evaluate(params, key) -> dict[int, tuple[float, float]]:
-        traj = run(params, tasks, caps, key, inject)
-        success = to_host(traj.success).reshape(len(ts), n)  # gathered across processes on a pod slice
-        out = {}
-        for t, s in zip(ts, success):
-            p = float(s.mean())
-            out[int(t)] = (p, math.sqrt(max(p * (1 - p), 0.0) / n))
-        return out
+        res = evaluate_policy(nnx.merge(graphdef, params), env, tasks, ts=ts, ks=[1], attempts=1, rollout_cfg=rcfg,
+                              key=key, fmt=fmt, bootstrap=0, chunk_size=n, place=place, gather=to_host)
+        compiled[0] += res.compiles
+        rate = res.surface.estimate[0]
+        return {int(t): (float(p), math.sqrt(max(p * (1 - p), 0.0) / n)) for t, p in zip(ts, rate)}
 
-    evaluate.trace_count = (lambda: 0) if same else run.trace_count  # compiles of its own
+    evaluate.trace_count = lambda: compiled[0]
     return evaluate
 
 
@@ -201,7 +198,7 @@ def train(cfg, *, progress: bool | None = None) -> dict:
         sample_traces[0] += 1
         return budget.sample(key, batch, t.group_size, cfg.budget.share_in_group)
 
-    evaluate = make_evaluator(graphdef, env, fmt, cfg, test_seeds, mesh, rollout_fn)
+    evaluate = make_evaluator(graphdef, env, fmt, cfg, test_seeds, mesh)
     inject = Injection.none(rcfg.max_turns)
     compiles = lambda: rollout_fn.trace_count() + update.trace_count() + sample_traces[0]  # noqa: E731
 

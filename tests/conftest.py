@@ -9,8 +9,7 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 
 @pytest.fixture(scope="session")
 def tiny_tokenizer():
-    """A byte-level BPE trained on the environments' own text (no network, ~1 s)."""
-    from bmrl.envs import corpus
-    from bmrl.model.tokenizer import train_tiny_tokenizer
+    """A byte-level BPE trained on the environments' own text (`tests.tokenizers`)."""
+    from tests.tokenizers import shared_tokenizer
 
-    return train_tiny_tokenizer(corpus(observations=False), vocab_size=384)
+    return shared_tokenizer()

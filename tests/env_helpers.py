@@ -8,8 +8,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bmrl.envs import corpus, make
-from bmrl.model.tokenizer import train_tiny_tokenizer
+from bmrl.envs import make
+from tests.tokenizers import shared_tokenizer
 
 MY_ENVS = ("corridor", "frozenlake", "toolchain")
 # Small, fast configurations with every kind of error switched on.
@@ -20,10 +20,9 @@ NOISY_OPTIONS = {
 }
 
 
-@functools.lru_cache(maxsize=None)
 def tiny_tokenizer():
-    """A 448-token byte-level BPE trained on the environments' corpus (once per test process)."""
-    return train_tiny_tokenizer(corpus(list(MY_ENVS), observations=False), vocab_size=448)
+    """The suite's tiny tokenizer (`tests.tokenizers`, trained once per test process)."""
+    return shared_tokenizer()
 
 
 @functools.lru_cache(maxsize=None)

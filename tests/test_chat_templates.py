@@ -14,7 +14,7 @@ from bmrl.chat import ChatFormatError, chat_format, env_format, make_format, sys
 from bmrl.envs import INVALID, make
 from bmrl.formats import reply_instructions
 from bmrl.rollout import RolloutConfig, rollout
-from bmrl.rollout_baseline import python_loop_rollout
+from bmrl.rollout.baseline import python_loop_rollout
 from bmrl.sampling import SamplingConfig
 from tests.chat_helpers import LLAMA3_TEMPLATE, chain_policy, chat_tokenizer, conversation, reply_chains, template_ids
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from bmrl.envs.corridor import corridor_success_prob
-from bmrl.envs.scripted import oracle_policy, run_episode
+from bmrl.rollout import oracle_policy, play
 from tests.env_helpers import env_with, seeds_task
 
 
@@ -31,13 +31,14 @@ def test_oracle_monte_carlo_matches_closed_form(L, eps):
     env = env_with("corridor", length=L, eps=eps)
     n, horizon = 4000, 3 * L
     keys = jax.random.split(jax.random.PRNGKey(L), n)
-    ep = jax.jit(jax.vmap(lambda k, t: run_episode(env, oracle_policy, k, t, horizon)))(keys, seeds_task(n))
-    first = np.asarray(ep["first_success_turn"])
+    ep = play(oracle_policy, env, seeds_task(n), np.full(n, horizon, np.int32), keys, horizon)
+    first = np.asarray(ep.first_success_turn)
     for T in range(L - 1, horizon + 1, 2):
         p = corridor_success_prob(L, eps, T)
         rate = np.mean((first >= 1) & (first <= T))
         se = math.sqrt(max(p * (1 - p), 1e-12) / n)
-        assert abs(rate - p) <= 3 * se + 1e-9, (T, rate, p)
+        # 4 sigma, plus two episodes of slack: near p = 1 the normal approximation of a count of ~1 fails.
+        assert abs(rate - p) <= 4 * se + 2 / n, (T, rate, p)
 
 
 def test_text_walls_slips_and_exit_direction():

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bmrl.envs import INVALID, make
-from bmrl.envs.scripted import oracle_policy, run_episode
+from bmrl.rollout import oracle_policy, play
 from tests.env_helpers import MY_ENVS, NOISY_OPTIONS, assert_roundtrip, batched, env_with, seeds_task, tiny_tokenizer
 
 CLEAN_OPTIONS = {"corridor": {"length": 5}, "frozenlake": {"size": 6, "p_hole": 0.3}, "toolchain": {"k": 4}}
@@ -26,13 +26,13 @@ def test_oracle_solves_every_level_in_optimal_turns(name, options):
     assert (opt >= 1).all()
     horizon = int(opt.max()) + 2
     keys = jax.random.split(jax.random.PRNGKey(0), 256)
-    ep = jax.jit(jax.vmap(lambda k, t: run_episode(env, oracle_policy, k, t, horizon)))(keys, tasks)
-    assert np.asarray(ep["success"]).all()
-    np.testing.assert_array_equal(np.asarray(ep["first_success_turn"]), opt)
-    assert not np.asarray(ep["error"]).any()
+    ep = play(oracle_policy, env, tasks, np.full(256, horizon, np.int32), keys, horizon)
+    assert np.asarray(ep.success).all()
+    np.testing.assert_array_equal(np.asarray(ep.first_success_turn), opt)
+    assert not np.asarray(ep.error).any()
     # Progress is monotone along the oracle's run and reaches 1.0 exactly at the goal.
-    prog = np.asarray(ep["progress"])
-    active = np.asarray(ep["active"])
+    prog = np.asarray(ep.progress)[:, 1:]
+    active = np.asarray(ep.turn_active)
     for row in range(0, 256, 37):
         p = prog[row][active[row]]
         assert (np.diff(p) > 0).all() and p[-1] == 1.0 and (p[:-1] < 1.0).all()

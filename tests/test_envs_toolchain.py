@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bmrl.envs.scripted import oracle_policy, run_episode
+from bmrl.rollout import oracle_policy, play
 from tests.env_helpers import env_with, seeds_task
 
 
@@ -38,9 +38,9 @@ def test_failed_lookups_are_retried_by_the_oracle():
     env = env_with("toolchain", k=k, p_fail=p)
     n, horizon = 2000, 16
     keys = jax.random.split(jax.random.PRNGKey(0), n)
-    ep = jax.jit(jax.vmap(lambda kk, t: run_episode(env, oracle_policy, kk, t, horizon)))(keys, seeds_task(n))
-    first = np.asarray(ep["first_success_turn"])
-    errors = np.asarray(ep["error"]).sum(1)
+    ep = play(oracle_policy, env, seeds_task(n), np.full(n, horizon, np.int32), keys, horizon)
+    first = np.asarray(ep.first_success_turn)
+    errors = np.asarray(ep.error).sum(1)
     # Every lookup fails independently: turns = k + 1 + failures (negative binomial), all errors shown.
     ok = first > 0
     np.testing.assert_array_equal(first[ok], k + 1 + errors[ok])

@@ -6,7 +6,7 @@ import pytest
 
 from bmrl.envs import make
 from bmrl.envs.corridor import corridor_success_prob
-from bmrl.envs.scripted import make_noisy_oracle, oracle_policy
+from bmrl.rollout import make_noisy_oracle, oracle_policy
 from bmrl.eval.decompose import probe_accuracy, probe_set
 from bmrl.eval.evaluate import attach_injection, evaluate
 from bmrl.rollout import Injection, RolloutConfig, default_format
@@ -47,7 +47,7 @@ def test_injected_error_at_turn_one_is_recovered_with_a_generous_cap(tiny_tokeni
     ts = [4, 5, 6, 10]
     clean = evaluate(oracle_policy, env, tasks, ts=ts, ks=[1], attempts=4, rollout_cfg=cfg, key=0, bootstrap=100)
     np.testing.assert_array_equal(clean.pass1()[0], [1, 1, 1, 1])
-    attach_injection(clean, oracle_policy, env, tasks, turns=[0], prob=1.0, rollout_cfg=cfg, key=0)
+    clean = attach_injection(clean, oracle_policy, env, tasks, turns=[0], prob=1.0, rollout_cfg=cfg, key=0)
     inj = clean.injected
     assert inj.episodes.injected[:, 0].all() and not inj.episodes.injected[:, 1:].any()
     # The forced wrong move at turn 1 hits the wall (the agent starts at an end): one turn lost, so the

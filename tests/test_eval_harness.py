@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from bmrl.envs import make
-from bmrl.envs.scripted import make_noisy_oracle, oracle_policy
+from bmrl.rollout import make_noisy_oracle, oracle_policy
 from bmrl.eval.evaluate import _truncate, evaluate
 from bmrl.eval.report import write_report
 from bmrl.rollout import RolloutConfig, default_format

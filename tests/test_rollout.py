@@ -13,7 +13,7 @@ import pytest
 from bmrl import budget
 from bmrl.envs import ENVS, make
 from bmrl.rollout import Injection, RolloutConfig, RolloutError, default_format, rollout
-from bmrl.rollout_baseline import python_loop_rollout
+from bmrl.rollout.baseline import python_loop_rollout
 from bmrl.sampling import SamplingConfig
 from tests.rollout_helpers import steered_policy
 
@@ -99,11 +99,12 @@ def test_one_compile_across_budgets(tiny_tokenizer):
     env = _env("corridor", tiny_tokenizer)
     policy = steered_policy(env, default_format(env), seed=4, scale=3.0)
     cfg = _cfg(max_turns=16, max_len=1024, temperature=1.0)
-    from bmrl.rollout import _cached_rollout
     from flax import nnx
 
+    from bmrl.rollout import make_rollout
+
     graphdef, _ = nnx.split(policy)
-    run = _cached_rollout(graphdef, env, default_format(env), cfg)
+    run = make_rollout(graphdef, env, default_format(env), cfg)
     before = run.trace_count()
     tasks = {"seed": jnp.arange(16, dtype=jnp.int32)}
     samplers = [budget.fixed(3), budget.fixed(16), budget.mix([2, 8, 16], [0.2, 0.3, 0.5]),
@@ -190,14 +191,14 @@ def test_sharded_rollout_matches_single_device(tmp_path):
     script = textwrap.dedent(
         """
         import jax, jax.numpy as jnp, numpy as np
-        from bmrl.envs import corpus, make
-        from bmrl.model.tokenizer import train_tiny_tokenizer
+        from bmrl.envs import make
+        from tests.tokenizers import shared_tokenizer
         from bmrl.parallel import MeshConfig, make_mesh, shard_batch, shard_model
         from bmrl.rollout import RolloutConfig, default_format, rollout
         from bmrl.sampling import SamplingConfig
         from tests.rollout_helpers import steered_policy
         assert jax.device_count() == 8, jax.devices()
-        tok = train_tiny_tokenizer(corpus(["corridor"], observations=False), 384)
+        tok = shared_tokenizer()
         env = make("corridor", tok, length=4, eps=0.3)
         policy = steered_policy(env, default_format(env), seed=1, noise=0.5)  # noise: no exact argmax ties
         cfg = RolloutConfig(max_turns=6, max_reply_tokens=6, max_len=512, sampling=SamplingConfig(0.0))

@@ -24,12 +24,14 @@ Definitions (turns are 0-based inside arrays; reported turns are 1-based like fi
 from __future__ import annotations
 
 import dataclasses
-import functools
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
+from bmrl import compiles
+from bmrl.rollout.engine import play
+from bmrl.rollout.policies import ModelPolicy, Replay, ReplayPolicy
 
 ERROR_KINDS = ("any", "decision", "env")
 
@@ -385,7 +387,7 @@ def probe_accuracy(policy, env, probes: ProbeSet, rollout_cfg, *, key: Any = 0, 
         key = jax.random.key(int(key))
     keys = jax.random.split(key, probes.size)
     if isinstance(policy, nnx.Module):
-        from bmrl.rollout import default_format, parse_replies
+        from bmrl.rollout import default_format
 
         fmt = fmt or default_format(env)
         if probes.tokens.shape[1] != rollout_cfg.max_len:
@@ -394,17 +396,13 @@ def probe_accuracy(policy, env, probes: ProbeSet, rollout_cfg, *, key: Any = 0, 
                 f"{rollout_cfg.max_len}; build it with the same max_len."
             )
         graphdef, params = nnx.split(policy)
-        generate = _generate_fn(graphdef, fmt, rollout_cfg)
-        tok_keys = jax.vmap(lambda k: jax.random.fold_in(k, 1))(keys)
-        reply, reply_len, _, _ = generate(
-            params, jnp.asarray(probes.tokens), jnp.asarray(probes.context_len), jnp.ones((probes.size,), bool),
-            tok_keys, jnp.int32(0),
-        )
-        action, _ = jax.jit(functools.partial(parse_replies, env, fmt))(reply, jnp.maximum(reply_len - 1, 0))
+        act = _probe_program(ModelPolicy(graphdef, fmt, rollout_cfg), env)
+        action = act(params, jnp.asarray(probes.tokens), jnp.asarray(probes.context_len), keys)
     elif callable(policy):
-        action = _scripted_probe_fn(policy, env, probes.actions.shape[1])(
-            probes.tasks, probes.keys, jnp.asarray(probes.actions), jnp.asarray(probes.caps), jnp.asarray(probes.turn), keys
-        )
+        replay = Replay(jnp.asarray(probes.actions), jnp.asarray(probes.turn), keys)
+        traj = play(ReplayPolicy(then=policy), env, probes.tasks, probes.caps, probes.keys, probes.actions.shape[1],
+                    params=replay)
+        action = np.asarray(traj.action)[np.arange(probes.size), probes.turn]
     else:
         raise TypeError(f"policy must be an nnx.Module or a scripted policy, got {type(policy).__name__}.")
     action = np.asarray(action, np.int32)
@@ -413,29 +411,15 @@ def probe_accuracy(policy, env, probes: ProbeSet, rollout_cfg, *, key: Any = 0, 
     return ProbeResult(action=action, correct=correct, turn=probes.turn, accuracy=acc, seed=probes.seed, noise=probes.noise)
 
 
-@functools.lru_cache(maxsize=16)
-def _generate_fn(graphdef, fmt, cfg):
-    from bmrl.rollout_baseline import _make_generate
-
-    return _make_generate(graphdef, fmt, cfg)
-
-
-@functools.lru_cache(maxsize=16)
-def _scripted_probe_fn(policy, env, num_turns: int):
-    """jitted replay of the demo actions up to each probe's turn (same keys as bmrl.learn.demos),
-    then the scripted policy's action in that state."""
-    import jax
+def _probe_program(policy, env):
+    """jitted (params, context [S, L], context_len [S], keys [S]) -> action [S]: the model replies once
+    from each probe context, exactly as it would at that turn of a rollout (same decode, same parse)."""
     import jax.numpy as jnp
 
-    def one(task, row_key, actions, cap, turn, key):
-        env_key = jax.random.fold_in(row_key, 0)
-        state, _ = env.reset(env_key, task, cap)
+    def act(params, context, context_len, keys):
+        bound = policy.bind(params)
+        s = bound.start_from_context(context, context_len, keys)
+        s = bound.decode_reply(s, jnp.int32(0), jnp.ones(context_len.shape, bool))
+        return bound.parse(s, env, context_len)[0]
 
-        def step(state, t):
-            new, _, _, _, _ = env.step(jax.random.fold_in(env_key, t + 1), state, actions[t], cap - (t + 1))
-            return jax.tree.map(lambda a, b: jnp.where(t < turn, b, a), state, new), None
-
-        state, _ = jax.lax.scan(step, state, jnp.arange(num_turns))
-        return jnp.asarray(policy(key, env, state), jnp.int32)
-
-    return jax.jit(jax.vmap(one))
+    return compiles.program("probe", (policy, env), lambda: compiles.counted_jit(act, name="probe"))

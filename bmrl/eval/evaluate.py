@@ -20,8 +20,8 @@ exactly (not just in distribution); with the budget shown the observations diffe
 runs. Two policies evaluated with the same key see the same environment randomness (paired).
 
 `policy` is an `nnx.Module` (a language-model policy, run by `bmrl.rollout`) or a scripted policy
-`(key, env, state) -> action id` (`bmrl.envs.scripted`), run by a jitted scan with the same caps,
-keys and error injection: the oracle gives a ground truth for the estimator.
+`(key, env, state) -> action id` (`bmrl.rollout.policies`); both are played by the one episode
+engine with the same caps, keys and error injection: the oracle gives a ground truth for the estimator.
 """
 
 from __future__ import annotations
@@ -37,12 +37,14 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from bmrl.envs.base import INVALID, Env
+from bmrl.envs.base import Env
 from bmrl.eval.bootstrap import SurfaceInterval, bootstrap_mean
 from bmrl.eval.decompose import Decomposition, Episodes, Estimate, decompose_episodes, estimate
 from bmrl.eval.passkt import pass_at_kt_per_task
 from bmrl.formats import Format
-from bmrl.rollout import Injection, RolloutConfig, _cached_rollout, check_caps, check_config, default_format
+from bmrl.rollout.engine import check_config, default_format, episode_program
+from bmrl.rollout.policies import ModelPolicy, as_policy
+from bmrl.rollout.types import Injection, RolloutConfig, check_caps
 
 MODES = ("exact", "truncate", "both")
 TRUNCATION_WARNING = (
@@ -51,7 +53,7 @@ TRUNCATION_WARNING = (
 )
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class EvalResult:
     """What `evaluate` measured. N = tasks, A = attempts, K = len(ks), T = len(ts).
 
@@ -80,7 +82,7 @@ class EvalResult:
     injection: dict[str, Any] | None = None  # {"turns": [...], "prob": p} when errors were injected
     warnings: list[str] = dataclasses.field(default_factory=list)
     compiles: int = 0
-    probe: Any = None  # decompose.ProbeResult, attached by `attach_probe`
+    probe: Any = None  # decompose.ProbeResult (`dataclasses.replace(result, probe=...)`)
     injected: "EvalResult | None" = None  # the same evaluation under error injection (`attach_injection`)
     grid_action: np.ndarray | None = None  # int32[N, A, T, Tm]: exact modes, the actions of every row of the grid
     grid_logprob: np.ndarray | None = None  # float32[N, A, T, Tm]: exact modes, per-turn log-prob of the sampled reply
@@ -191,26 +193,26 @@ def _take(tree: Any, rows: np.ndarray) -> Any:
     return jax.tree.map(lambda x: np.asarray(x)[rows], tree)
 
 
-def _run_rows(runner: Callable, tasks: Any, caps: np.ndarray, keys: np.ndarray, chunk: int) -> dict[str, np.ndarray]:
-    """Run rows in chunks of exactly `chunk` rows (the last padded by repeating row 0), concatenated."""
+def _run_rows(runner: Callable, tasks: Any, caps: np.ndarray, keys: np.ndarray, chunk: int,
+              place: Callable = lambda x: x, gather: Callable = np.asarray) -> dict[str, np.ndarray]:
+    """Run rows in chunks of exactly `chunk` rows (the last padded by repeating row 0), concatenated.
+    `place` puts a chunk's inputs on devices (e.g. sharded over a mesh); `gather` brings an output
+    array back to the host (e.g. across processes)."""
     total = caps.shape[0]
     outs = []
     for start in range(0, total, chunk):
         rows = np.arange(start, start + chunk)
         rows = np.where(rows < total, rows, 0)
-        out = runner(_take(tasks, rows), caps[rows].astype(np.int32), keys[rows])
+        out = runner(place(_take(tasks, rows)), place(caps[rows].astype(np.int32)), place(keys[rows]))
         n = min(chunk, total - start)
-        get = (lambda f: out[f]) if isinstance(out, dict) else (lambda f: getattr(out, f))
-        rec = {f: np.asarray(get(f))[:n] for f in _FIELDS}
-        rec["turn_logprob"] = _turn_logprob(out, n, rec["action"].shape[1])
+        rec = {f: np.asarray(gather(getattr(out, f)))[:n] for f in _FIELDS}
+        rec["turn_logprob"] = _turn_logprob(jax.tree.map(lambda x: np.asarray(gather(x)), out), n, rec["action"].shape[1])
         outs.append(rec)
     return {f: np.concatenate([o[f] for o in outs]) for f in outs[0]}
 
 
 def _turn_logprob(out: Any, n: int, max_turns: int) -> np.ndarray:
     """float32[n, Tm]: summed log-prob of the tokens the policy sampled at each turn (0 for scripted)."""
-    if isinstance(out, dict):
-        return np.zeros((n, max_turns), np.float32)
     lp = np.asarray(out.logprobs)[:n] * np.asarray(out.loss_mask)[:n]
     turn = np.asarray(out.turn_of_token)[:n]
     res = np.zeros((n, max_turns + 1), np.float64)
@@ -222,68 +224,13 @@ def _turn_logprob(out: Any, n: int, max_turns: int) -> np.ndarray:
 _FIELDS = Episodes.FIELDS + ("overflow", "truncated", "format_error")
 
 
-def _lm_runner(policy: nnx.Module, env: Env, fmt: Format, cfg: RolloutConfig, inject: Injection):
-    graphdef, params = nnx.split(policy)
-    run = _cached_rollout(graphdef, env, fmt, cfg)
+def _runner(policy: Any, env: Env, fmt: Format | None, cfg: RolloutConfig, inject: Injection):
+    """(run(tasks, caps, keys) -> Trajectory, trace_count) of a model or scripted policy: the engine."""
+    spec, params = as_policy(policy, fmt, cfg)
+    if not isinstance(spec, ModelPolicy):
+        cfg = RolloutConfig(max_turns=cfg.max_turns, max_reply_tokens=1, max_len=1)
+    run = episode_program(spec, env, cfg)
     return (lambda tasks, caps, keys: run(params, tasks, caps, keys, inject)), run.trace_count
-
-
-@functools.lru_cache(maxsize=32)
-def _scripted_fn(policy: Callable, env: Env, max_turns: int):
-    """jitted (tasks, caps, keys, inject) -> per-turn dict, a scan over max_turns with caps as data."""
-    traces = [0]
-
-    def one(task, cap, key, inject):
-        env_key, pol_key = jax.random.fold_in(key, 0), jax.random.fold_in(key, 2)
-        state, _ = env.reset(env_key, task, cap)
-        p0 = env.progress(state)
-
-        def turn(carry, t):
-            state, done, prog = carry
-            active = ~done & (t < cap)
-            step_key = jax.random.fold_in(env_key, t + 1)
-            act = jnp.asarray(policy(jax.random.fold_in(pol_key, t), env, state), jnp.int32)
-            oracle = env.oracle_action(state).astype(jnp.int32)
-            inj_key = jax.random.fold_in(step_key, 0x5EED)
-            wrong = jax.random.randint(jax.random.fold_in(inj_key, 1), (), 0, max(env.num_actions - 1, 1))
-            wrong = jnp.where(wrong >= oracle, wrong + 1, wrong).astype(jnp.int32)
-            injected = active & inject.turns[t] & (jax.random.uniform(inj_key) < inject.prob) & (env.num_actions > 1)
-            act = jnp.where(injected, wrong, act)
-            new_state, _, _, term, info = env.step(step_key, state, act, cap - (t + 1))
-            state = jax.tree.map(lambda a, b: jnp.where(active, b, a), state, new_state)
-            prog = jnp.where(active, info.progress, prog)
-            won = active & info.success
-            rec = dict(
-                action=jnp.where(active, act, INVALID), oracle_action=jnp.where(active, info.oracle_action, INVALID),
-                error=active & info.error, invalid=active & info.invalid, injected=injected,
-                turn_active=active, progress=prog, won=won, term=active & term,
-            )
-            return (state, done | (active & (term | won)), prog), rec
-
-        (_, _, _), rec = jax.lax.scan(turn, (state, jnp.bool_(False), p0), jnp.arange(max_turns))
-        success = rec["won"].any()
-        turns_used = rec["turn_active"].sum().astype(jnp.int32)
-        return dict(
-            action=rec["action"], oracle_action=rec["oracle_action"], error=rec["error"], invalid=rec["invalid"],
-            injected=rec["injected"], turn_active=rec["turn_active"],
-            progress=jnp.concatenate([p0[None], rec["progress"]]),
-            success=success, first_success_turn=jnp.where(success, jnp.argmax(rec["won"]) + 1, 0).astype(jnp.int32),
-            caps=cap, turns_used=turns_used, overflow=jnp.bool_(False),
-            truncated=~success & ~rec["term"].any() & (turns_used >= cap),
-            format_error=jnp.zeros((max_turns,), bool),
-        )
-
-    def run(tasks, caps, keys, inject):
-        traces[0] += 1
-        return jax.vmap(one, in_axes=(0, 0, 0, None))(tasks, caps, keys, inject)
-
-    jitted = jax.jit(run)
-    return jitted, (lambda: traces[0])
-
-
-def _scripted_runner(policy: Callable, env: Env, cfg: RolloutConfig, inject: Injection):
-    fn, count = _scripted_fn(policy, env, cfg.max_turns)
-    return (lambda tasks, caps, keys: fn(tasks, caps, keys, inject)), count
 
 
 # ---- the harness ---------------------------------------------------------------------------------
@@ -307,6 +254,8 @@ def evaluate(
     window: int = 3,
     errors: str = "any",
     confidence: float = 0.95,
+    place: Callable = lambda x: x,
+    gather: Callable = np.asarray,
 ) -> EvalResult:
     """Pass@(K,T) of `policy` on `tasks` ({"seed": int32[N]} ...) over the grid ks x ts.
 
@@ -316,6 +265,8 @@ def evaluate(
     at num_tasks * attempts so exact and truncate share one compiled program). `inject`: forced
     wrong actions (`Injection.at(max_turns, turns, prob)`). `window`/`errors`: see
     `bmrl.eval.decompose`. Intervals: percentile bootstrap over tasks with `bootstrap` resamples.
+    `place`/`gather`: how rows go to the devices and results come back (the training loop shards
+    them over its mesh and gathers across processes); the default is one host.
     """
     if mode not in MODES:
         raise ValueError(f"mode {mode!r} is unknown; choose one of {', '.join(MODES)}.")
@@ -333,11 +284,7 @@ def evaluate(
     if isinstance(policy, nnx.Module):
         fmt = fmt or default_format(env)
         check_config(env, fmt, rollout_cfg, ts[0])
-        runner, trace_count = _lm_runner(policy, env, fmt, rollout_cfg, inject)
-    elif callable(policy):
-        runner, trace_count = _scripted_runner(policy, env, rollout_cfg, inject)
-    else:
-        raise TypeError(f"policy must be an nnx.Module or a scripted policy (key, env, state) -> action, got {type(policy).__name__}.")
+    runner, trace_count = _runner(policy, env, fmt, rollout_cfg, inject)
 
     base = num_tasks * attempts
     chunk = max(1, min(int(chunk_size), base))
@@ -347,7 +294,7 @@ def evaluate(
     if mode == "truncate":
         caps = np.full((base,), tmax, np.int32)
         check_caps(caps, rollout_cfg)
-        out = _run_rows(runner, _take(tasks, task_of_row), caps, keys, chunk)
+        out = _run_rows(runner, _take(tasks, task_of_row), caps, keys, chunk, place, gather)
         fst_max = out["first_success_turn"].reshape(num_tasks, attempts)
         fst = _truncate(fst_max, ts)
         big, grid_action, grid_logprob = out, None, None
@@ -355,7 +302,7 @@ def evaluate(
         # rows (task, attempt, T) with T fastest; the key of a row is its (task, attempt) key.
         caps = np.tile(np.asarray(ts, np.int32), base)
         check_caps(caps, rollout_cfg)
-        out = _run_rows(runner, _take(tasks, np.repeat(task_of_row, len(ts))), caps, np.repeat(keys, len(ts), axis=0), chunk)
+        out = _run_rows(runner, _take(tasks, np.repeat(task_of_row, len(ts))), caps, np.repeat(keys, len(ts), axis=0), chunk, place, gather)
         fst = out["first_success_turn"].reshape(num_tasks, attempts, len(ts))
         grid_action = out["action"].reshape(num_tasks, attempts, len(ts), -1)
         grid_logprob = out["turn_logprob"].reshape(num_tasks, attempts, len(ts), -1)
@@ -450,10 +397,10 @@ def _describe(inject: Injection) -> dict[str, Any] | None:
 def attach_injection(result: EvalResult, policy: nnx.Module | Callable, env: Env, tasks: Any, *, turns: Sequence[int],
                      prob: float, rollout_cfg: RolloutConfig, key: jax.Array | int, **kwargs) -> EvalResult:
     """Evaluate again with errors injected at the 0-based `turns` with probability `prob` (same keys,
-    grid and attempts as `result`), store it as `result.injected` and return `result`."""
+    grid and attempts as `result`), and return a copy of `result` with it as `injected`."""
     inject = Injection.at(rollout_cfg.max_turns, turns, prob)
-    result.injected = evaluate(
+    injected = evaluate(
         policy, env, tasks, ts=result.ts, ks=result.ks, attempts=result.attempts, rollout_cfg=rollout_cfg,
         key=key, mode="exact", inject=inject, bootstrap=result.surface.num_resamples, **kwargs,
     )
-    return result
+    return dataclasses.replace(result, injected=injected)

@@ -8,6 +8,7 @@ equalised across policies).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -51,10 +52,11 @@ def evaluate_policies(
         if e.probe_states > 0:
             probes = probe_set(env, fmt, tasks, num_states=e.probe_states, seed=cfg.seed, noise=probe_noise,
                                num_turns=rcfg.max_turns, max_len=rcfg.max_len, reserve=rcfg.max_reply_tokens)
-            result.probe = probe_accuracy(model, env, probes, rcfg, key=cfg.seed + 1, fmt=fmt,
-                                          num_resamples=max(e.bootstrap, 0))
+            probe = probe_accuracy(model, env, probes, rcfg, key=cfg.seed + 1, fmt=fmt,
+                                   num_resamples=max(e.bootstrap, 0))
+            result = dataclasses.replace(result, probe=probe)
         if inject_turns and inject_prob > 0:
-            attach_injection(result, model, env, tasks, turns=list(inject_turns), prob=inject_prob, key=key,
+            result = attach_injection(result, model, env, tasks, turns=list(inject_turns), prob=inject_prob, key=key,
                              fmt=fmt, **common)
         results[name] = result
     return results

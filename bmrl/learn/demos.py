@@ -15,7 +15,7 @@ derivation as the rollout (environment keys `fold_in(row_key, 0)`, step t with `
 so a rollout given the same key and the same replies sees the same observations, slips included.
 
 Errors but no recovery (the base policy of the study): the demonstrator is the oracle, except that
-with probability `noise` it takes a uniformly random WRONG action (`bmrl.envs.scripted`). With
+with probability `noise` it takes a uniformly random WRONG action (`bmrl.rollout.policies`). With
 `cut_after_error` a demonstration ENDS after the first turn whose action deviated from the oracle: the
 wrong action is included (and trained on), nothing after it is. So a policy cloned from these demos
 errs at about the noise rate but has never seen how to recover. Only the demonstrator's OWN wrong
@@ -32,7 +32,6 @@ right before it decides at turn t.
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import jax
@@ -41,9 +40,11 @@ import numpy as np
 from flax import struct
 
 from bmrl.envs.base import INVALID, Env
-from bmrl.envs.scripted import noisy_oracle_policy
+from bmrl import compiles
 from bmrl.formats import Format
-from bmrl.rollout import _select, row_keys
+from bmrl.rollout.engine import make_episode
+from bmrl.rollout.policies import NoisyOracleData, Replay, ReplayPolicy
+from bmrl.rollout.types import Injection, RolloutConfig, Trajectory, row_keys
 
 __all__ = ["Demos", "demo_tokens_needed", "make_demos", "reply_table"]
 
@@ -133,57 +134,47 @@ def make_demos(
             f"replayed actions must be valid ids in [0, {env.num_actions}) (an INVALID reply has no action "
             "tokens); fill turns after the episode's end with any valid id."
         )
-    fn = _demo_fn(env, fmt, int(num_turns), int(max_len), bool(cut_after_error), replay)
+    fn = compiles.program("demos", (env, fmt, int(num_turns), int(max_len), bool(cut_after_error), replay),
+                          lambda: _demo_fn(env, fmt, int(num_turns), int(max_len), bool(cut_after_error), replay))
     return fn(tasks, key, caps, jnp.float32(noise), actions)
 
 
-@functools.lru_cache(maxsize=32)
 def _demo_fn(env: Env, fmt: Format, num_turns: int, max_len: int, cut_after_error: bool, replay: bool):
-    """The jitted `(tasks, key, caps, noise, actions) -> Demos` for one static shape."""
+    """The jitted `(tasks, key, caps, noise, actions) -> Demos` for one static shape: the episode engine
+    plays the noisy oracle (or the replay), then the episodes are laid out in tokens."""
+    cfg = RolloutConfig(max_turns=num_turns, max_reply_tokens=1, max_len=1)
+    policy = ReplayPolicy() if replay else NoisyOracleData()
+    episode = make_episode(policy, env, cfg, record_obs=True, name="demo_episode")
 
     def run(tasks, key, caps, noise, actions):
         batch = caps.shape[0]
         keys = row_keys(key, batch)
-        play = functools.partial(_play, env, num_turns, cut_after_error, replay)
-        rec = jax.vmap(play, in_axes=(0, 0, 0, None, 0))(
-            keys, tasks, jnp.clip(caps, 1, num_turns), noise, actions
-        )
-        return _layout(env, fmt, rec, jnp.clip(caps, 1, num_turns), max_len)
+        caps = jnp.clip(caps, 1, num_turns)
+        params = Replay(actions, jnp.full((batch,), num_turns, jnp.int32), keys) if replay else noise
+        traj = episode(params, tasks, caps, keys, Injection.none(num_turns))
+        return _layout(env, fmt, _demo_turns(traj, cut_after_error), caps, max_len)
 
-    return jax.jit(run)
+    return compiles.counted_jit(run, name="demos")
 
 
-def _play(env: Env, num_turns: int, cut_after_error: bool, replay: bool, key, task, cap, noise, actions):
-    """One episode of the noisy oracle (or replayed `actions`) in a `lax.scan` over turns."""
-    env_key = jax.random.fold_in(key, 0)
-    noise_key = jax.random.fold_in(key, 2)
-    state, obs = env.reset(env_key, task, cap)
-    progress0 = env.progress(state)
-
-    def turn(carry, t):
-        state, obs, done = carry
-        oracle = env.oracle_action(state).astype(jnp.int32)
-        if replay:
-            action = actions[t]
-        else:
-            action = noisy_oracle_policy(jax.random.fold_in(noise_key, t), env, state, noise)
-        action = action.astype(jnp.int32)
-        new_state, new_obs, _, term, info = env.step(jax.random.fold_in(env_key, t + 1), state, action, cap - (t + 1))
-        active = ~done & (t < cap)
-        wrong = action != oracle
-        end = term | info.success | (wrong & cut_after_error)
-        out = dict(
-            obs_tokens=obs.tokens, obs_len=obs.length, action=action, oracle=oracle, wrong=wrong & active,
-            error=info.error & active, success=info.success & active, active=active,
-            cut=active & wrong & cut_after_error & ~info.success, progress=info.progress,
-        )
-        state = _select(active, new_state, state)
-        obs = _select(active, new_obs, obs)
-        return (state, obs, done | (active & end)), out
-
-    _, rec = jax.lax.scan(turn, (state, obs, jnp.bool_(False)), jnp.arange(num_turns))
-    rec["progress0"] = progress0
-    return rec
+def _demo_turns(traj: Trajectory, cut_after_error: bool) -> dict:
+    """Per-turn records of the played episodes, ended at the demonstrator's first own wrong action
+    when `cut_after_error` (that action included)."""
+    played = traj.turn_active
+    turn = jnp.arange(played.shape[1])[None, :]
+    success = played & (turn + 1 == traj.first_success_turn[:, None])
+    wrong = played & (traj.action != traj.oracle_action)
+    active = played
+    if cut_after_error:
+        wrong_before = jnp.cumsum(wrong, axis=1) - wrong
+        active = played & (wrong_before == 0)
+    obs_tokens, obs_len = traj.observations
+    return dict(
+        obs_tokens=obs_tokens, obs_len=obs_len, action=traj.action, oracle=traj.oracle_action,
+        wrong=wrong & active, error=traj.error & active, success=success & active, active=active,
+        cut=active & wrong & cut_after_error & ~success, progress=traj.progress[:, 1:],
+        progress0=traj.progress[:, 0],
+    )
 
 
 def _layout(env: Env, fmt: Format, rec: dict, caps: jax.Array, max_len: int) -> Demos:

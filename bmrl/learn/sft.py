@@ -96,38 +96,39 @@ def demo_stats(d: Demos) -> dict[str, float]:
     }
 
 
-def rollout_stats(tr) -> dict[str, float]:
-    """Success and per-turn decision quality of a Trajectory batch (host side)."""
-    tr = jax.tree.map(np.asarray, tr)
-    active = tr.turn_active
+def episode_stats(result) -> dict[str, float]:
+    """Success and per-turn decision quality of an evaluation's attempts (pooled over acted turns)."""
+    ep = result.episodes
+    active = ep.turn_active
     acted = active.any()
     mean = lambda x: float(x[active].mean()) if acted else 0.0  # noqa: E731
     return {
-        "success": float(tr.success.mean()),
-        "decision_accuracy": mean(tr.action == tr.oracle_action),
-        "error_rate": mean(tr.error),
-        "invalid_rate": mean(tr.invalid),
-        "turns": float(tr.turns_used.mean()),
-        "overflow": float(tr.overflow.mean()),
+        "success": float(ep.success.mean()),
+        "decision_accuracy": mean(ep.action == ep.oracle_action),
+        "error_rate": mean(ep.error),
+        "invalid_rate": mean(ep.invalid),
+        "turns": float(ep.turns_used.mean()),
+        "overflow": float(result.metrics["overflow"].mean),
     }
 
 
 def evaluate_policy(
     model, env, fmt, cfg: Config, tasks: dict, cap: int, key: jax.Array, modes: tuple[str, ...] = ("greedy", "sampled")
 ) -> dict[str, dict]:
-    """Greedy and/or sampled (eval.temperature) rollouts of `tasks` at turn cap `cap`, one row per task."""
+    """Greedy and/or sampled (eval.temperature) attempts of `tasks` at turn cap `cap`, one per task,
+    by the one evaluator (`bmrl.eval.evaluate`)."""
+    from bmrl.eval.evaluate import evaluate
     from bmrl.policy import rollout_config
-    from bmrl.rollout import rollout
 
     base = rollout_config(cfg, for_eval=True)
-    caps = np.full((len(tasks["seed"]),), cap, np.int32)
     out = {}
     for name, temp in (("greedy", 0.0), ("sampled", cfg.eval.temperature)):
         if name not in modes:
             continue
         rcfg = dataclasses.replace(base, sampling=dataclasses.replace(base.sampling, temperature=temp))
-        tr = rollout(model, env, jax.tree.map(jnp.asarray, tasks), caps, jax.random.fold_in(key, int(temp * 1000)), rcfg, fmt)
-        out[name] = rollout_stats(tr)
+        res = evaluate(model, env, tasks, ts=[cap], ks=[1], attempts=1, rollout_cfg=rcfg,
+                       key=jax.random.fold_in(key, int(temp * 1000)), fmt=fmt, bootstrap=0)
+        out[name] = episode_stats(res)
     return out
 
 

@@ -1,4 +1,7 @@
-"""The Python-driven rollout, as Python-loop RL stacks do it: the correctness oracle and baseline.
+"""The Python-driven rollout, as Python-loop RL stacks do it: the benchmark baseline and correctness oracle.
+
+Not used by any run: `bench/rollout.py` measures the compiled engine against it, and the tests check
+that both give token-identical greedy trajectories.
 
 The same model and sampling as `bmrl.rollout`, but turns are driven from Python: each turn a jitted
 `generate` re-prefills the whole context into a fresh KV cache and decodes one reply per sequence,
@@ -16,17 +19,12 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from bmrl import compiles
 from bmrl.envs.base import INVALID, Env
 from bmrl.formats import Format
-from bmrl.rollout import (
-    RolloutConfig,
-    Trajectory,
-    check_caps,
-    check_config,
-    default_format,
-    parse_replies,
-    row_keys,
-)
+from bmrl.rollout.engine import check_config, default_format
+from bmrl.rollout.tokens import parse_replies
+from bmrl.rollout.types import RolloutConfig, Trajectory, check_caps, row_keys
 from bmrl.sampling import sample
 
 
@@ -79,13 +77,12 @@ def _make_generate(graphdef: nnx.GraphDef, fmt: Format, cfg: RolloutConfig):
     return generate
 
 
-@functools.lru_cache(maxsize=16)
 def _jitted_env(env: Env, fmt: Format):
-    return (
+    return compiles.program("baseline_env", (env, fmt), lambda: (
         jax.jit(jax.vmap(env.reset)),
         jax.jit(jax.vmap(env.step)),
         jax.jit(functools.partial(parse_replies, env, fmt)),
-    )
+    ))
 
 
 def python_loop_rollout(
@@ -112,6 +109,7 @@ def python_loop_rollout(
     tok_keys = jax.vmap(lambda k: jax.random.fold_in(k, 1))(keys)
 
     env_state, obs = reset(env_keys, tasks, jnp.asarray(caps))
+    progress0 = np.asarray(jax.vmap(env.progress)(env_state))
     obs_tokens, obs_len = np.asarray(obs.tokens), np.asarray(obs.length)
     ctx = [list(fmt.prefix) + list(fmt.obs_open) + list(obs_tokens[b, : obs_len[b]]) + list(fmt.obs_close) for b in range(batch)]
     turn_ids = [[-1] * len(fmt.prefix) + [0] * (len(ctx[b]) - len(fmt.prefix)) for b in range(batch)]
@@ -125,6 +123,7 @@ def python_loop_rollout(
         "oracle_action": np.full((batch, Tm), INVALID, np.int32), "progress": np.zeros((batch, Tm + 1), np.float32),
         "turn_active": np.zeros((batch, Tm), bool),
     }
+    out["progress"][:, 0] = progress0
     turns_used = np.zeros(batch, np.int32)
     success = np.zeros(batch, bool)
     first = np.zeros(batch, np.int32)

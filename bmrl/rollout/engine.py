@@ -1,0 +1,283 @@
+"""The episode engine: one compiled `lax.while_loop` over turns, for every kind of policy.
+
+Each turn the policy acts for every active row (a model decodes a reply into its KV cache and
+parses it; a scripted policy reads the environment state), errors may be injected, the environment
+steps, the turn is recorded, and the policy observes the next observation. The turn cap of each
+row is data (`caps: int32[B]`): BudgetMix, a fixed budget and an evaluation grid over T all run
+through the same compiled program.
+
+    active = ~done & (turn < caps) & ~overflow     # the per-sequence turn-cap mask
+
+Training rollouts, evaluation, demonstrations, probe states and injected errors all play episodes
+here; nothing else in bmrl loops over turns (`bmrl.rollout.baseline` is the Python-driven loop kept
+as the benchmark baseline and correctness oracle).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx, struct
+
+from bmrl import compiles
+from bmrl.envs.base import INVALID, Env
+from bmrl.formats import Format
+from bmrl.rollout.policies import ModelPolicy, ScriptedPolicy, as_policy
+from bmrl.rollout.tokens import select
+from bmrl.rollout.types import (
+    ENV_STREAM,
+    INJECT_STREAM,
+    Injection,
+    RolloutConfig,
+    RolloutError,
+    Trajectory,
+    check_caps,
+    row_keys,
+    stream,
+)
+
+
+@struct.dataclass
+class Turns:
+    """Per-turn records of a batch. B = batch, Tm = max turns."""
+
+    action: jax.Array  # int32[B, Tm]
+    reward: jax.Array  # float32[B, Tm]
+    error: jax.Array  # bool[B, Tm]
+    invalid: jax.Array  # bool[B, Tm]
+    format_error: jax.Array  # bool[B, Tm]
+    injected: jax.Array  # bool[B, Tm]
+    oracle_action: jax.Array  # int32[B, Tm]
+    turn_active: jax.Array  # bool[B, Tm]
+    progress: jax.Array  # float32[B, Tm + 1]
+    obs_tokens: jax.Array  # int32[B, Tm, O] (O = 0 unless observations are recorded)
+    obs_len: jax.Array  # int32[B, Tm]
+
+    @classmethod
+    def empty(cls, batch: int, max_turns: int, progress0: jax.Array, obs_width: int) -> "Turns":
+        none = jnp.full((batch, max_turns), INVALID, jnp.int32)
+        false = jnp.zeros((batch, max_turns), bool)
+        progress = jnp.zeros((batch, max_turns + 1), jnp.float32).at[:, 0].set(progress0)
+        return cls(action=none, reward=jnp.zeros((batch, max_turns), jnp.float32), error=false, invalid=false,
+                   format_error=false, injected=false, oracle_action=none, turn_active=false, progress=progress,
+                   obs_tokens=jnp.zeros((batch, max_turns, obs_width), jnp.int32),
+                   obs_len=jnp.zeros((batch, max_turns), jnp.int32))
+
+
+@struct.dataclass
+class Carry:
+    """The loop state: turn counter, environment and policy state, per-row flags and records."""
+
+    t: jax.Array  # int32[]
+    env_state: Any
+    obs: Any  # the observation the rows see before turn t
+    policy_state: Any
+    active: jax.Array  # bool[B]
+    turns: Turns
+    turns_used: jax.Array  # int32[B]
+    success: jax.Array  # bool[B]
+    first_success_turn: jax.Array  # int32[B]: 1-based; 0 = never
+    terminated: jax.Array  # bool[B]
+    overflow: jax.Array  # bool[B]
+
+
+def inject_errors(env: Env, inject: Injection, step_keys, env_state, action, active, t):
+    """Replace actions by a uniformly random wrong one (never the oracle's) where injection fires.
+    Returns (action, injected)."""
+    inj_keys = stream(step_keys, INJECT_STREAM)
+    oracle = jax.vmap(env.oracle_action)(env_state).astype(jnp.int32)
+    coin = jax.vmap(jax.random.uniform)(inj_keys)
+    wrong = jax.vmap(lambda k: jax.random.randint(jax.random.fold_in(k, 1), (), 0, max(env.num_actions - 1, 1)))(inj_keys)
+    wrong = jnp.where(wrong >= oracle, wrong + 1, wrong).astype(jnp.int32)
+    injected = active & inject.turns[t] & (coin < inject.prob) & (env.num_actions > 1)
+    return jnp.where(injected, wrong, action), injected
+
+
+def record_turn(c: Carry, t, active, action, format_ok, injected, reward, info, format_reward: float) -> Turns:
+    """Write turn t's records for active rows; inactive rows keep their fill (progress carried)."""
+    r = c.turns
+
+    def put(arr, value):
+        return arr.at[:, t].set(jnp.where(active, value, arr[:, t]))
+
+    return r.replace(
+        action=put(r.action, action),
+        reward=put(r.reward, reward.astype(jnp.float32) + jnp.where(format_ok, 0.0, format_reward)),
+        error=put(r.error, info.error), invalid=put(r.invalid, info.invalid),
+        format_error=put(r.format_error, ~format_ok), injected=put(r.injected, injected),
+        oracle_action=put(r.oracle_action, info.oracle_action.astype(jnp.int32)),
+        turn_active=put(r.turn_active, active),
+        progress=r.progress.at[:, t + 1].set(jnp.where(active, info.progress.astype(jnp.float32), r.progress[:, t])),
+    )
+
+
+def _record_obs(turns: Turns, t, obs, active) -> Turns:
+    if turns.obs_tokens.shape[-1] == 0:
+        return turns
+    return turns.replace(
+        obs_tokens=turns.obs_tokens.at[:, t].set(jnp.where(active[:, None], obs.tokens, 0)),
+        obs_len=turns.obs_len.at[:, t].set(jnp.where(active, obs.length, 0)),
+    )
+
+
+def make_episode(policy: Any, env: Env, cfg: RolloutConfig, record_obs: bool = False, name: str = "episode"):
+    """Build the jitted `run(params, tasks, caps, key, inject) -> Trajectory` of an engine policy.
+
+    `params` is the policy's data (a model's `nnx.split` state; `()` for scripted functions); tasks
+    are a pytree with leading axis B; `caps: int32[B]` the per-row turn caps (traced: any caps, one
+    compile per batch shape). `record_obs` also returns the observation before every turn.
+    `run.trace_count()` tells how many times it was traced (compiled).
+    """
+    Tm = cfg.max_turns
+
+    def run(params, tasks, caps, key, inject):
+        bound = policy.bind(params)
+        caps = jnp.clip(caps.astype(jnp.int32), 1, Tm)
+        batch = caps.shape[0]
+        keys = row_keys(key, batch)
+        env_keys = stream(keys, ENV_STREAM)
+        env_state, obs = jax.vmap(env.reset)(env_keys, tasks, caps)
+        zeros, false = jnp.zeros((batch,), jnp.int32), jnp.zeros((batch,), bool)
+        carry = Carry(
+            t=jnp.int32(0), env_state=env_state, obs=obs, policy_state=bound.start(env, obs, keys),
+            active=jnp.ones((batch,), bool),
+            turns=Turns.empty(batch, Tm, jax.vmap(env.progress)(env_state), env.max_obs_len if record_obs else 0),
+            turns_used=zeros, success=false, first_success_turn=zeros, terminated=false, overflow=false,
+        )
+
+        def turn(c: Carry) -> Carry:
+            t, active = c.t, c.active
+            turns = _record_obs(c.turns, t, c.obs, active)
+            pstate, action, format_ok = bound.act(c.policy_state, env, c.env_state, t, active)
+            step_keys = jax.vmap(lambda k: jax.random.fold_in(k, t + 1))(env_keys)
+            action, injected = inject_errors(env, inject, step_keys, c.env_state, action, active, t)
+            new_state, new_obs, reward, term, info = jax.vmap(env.step)(step_keys, c.env_state, action, caps - (t + 1))
+            c = c.replace(turns=turns, policy_state=pstate)
+            turns = record_turn(c, t, active, action, format_ok, injected, reward, info, cfg.format_reward)
+            won = active & info.success
+            nxt = active & ~term & ~won & (t + 1 < caps)
+            obs = select(active, new_obs, c.obs)
+            pstate, fits = bound.observe(pstate, env, obs, t, nxt)
+            return c.replace(
+                t=t + 1, env_state=select(active, new_state, c.env_state), obs=obs, policy_state=pstate,
+                active=nxt & fits, turns=turns, turns_used=c.turns_used + active.astype(jnp.int32),
+                success=c.success | won, first_success_turn=jnp.where(won & ~c.success, t + 1, c.first_success_turn),
+                terminated=c.terminated | (active & term), overflow=c.overflow | (nxt & ~fits),
+            )
+
+        c = jax.lax.while_loop(lambda c: jnp.any(c.active) & (c.t < Tm), turn, carry)
+        r = c.turns
+        return Trajectory(
+            **bound.outputs(c.policy_state),
+            action=r.action, reward=r.reward, error=r.error, invalid=r.invalid, format_error=r.format_error,
+            injected=r.injected, oracle_action=r.oracle_action, progress=r.progress, turn_active=r.turn_active,
+            caps=caps, turns_used=c.turns_used, success=c.success, first_success_turn=c.first_success_turn,
+            terminated=c.terminated | c.success,
+            truncated=~c.terminated & ~c.success & ~c.overflow & (c.turns_used >= caps),
+            overflow=c.overflow, observations=(r.obs_tokens, r.obs_len) if record_obs else None,
+        )
+
+    return compiles.counted_jit(run, name=name)
+
+
+def episode_program(policy: Any, env: Env, cfg: RolloutConfig, record_obs: bool = False):
+    """The cached compiled episode of `policy` on `env` (one program per static configuration)."""
+    name = "rollout" if isinstance(policy, ModelPolicy) else "episode"
+    return compiles.program(name, (policy, env, cfg, record_obs), lambda: make_episode(policy, env, cfg, record_obs, name))
+
+
+def default_format(env: Env) -> Format:
+    """The format of `env`'s tokenizer: its chat template's if it has one (real instruct models), else
+    the plain built-in one (tiny from-scratch models). Cached per env, so repeated rollouts reuse one
+    compiled program."""
+    from bmrl.chat import env_format
+
+    return env_format(env)
+
+
+def check_config(env: Env, fmt: Format, cfg: RolloutConfig, min_cap: int) -> None:
+    """Refuse, with the numbers, a configuration that cannot run even the smallest budget."""
+    need_reply = fmt.min_reply_tokens(env.max_action_len)
+    if cfg.max_reply_tokens < need_reply:
+        raise RolloutError(
+            f"max_reply_tokens={cfg.max_reply_tokens} cannot hold the longest action of {env.name} "
+            f"({env.max_action_len} tokens) in the {fmt.reply_format!r} reply format with its stop token; "
+            f"set max_reply_tokens >= {need_reply}."
+        )
+    need = fmt.tokens_needed(min_cap, env.max_obs_len, cfg.max_reply_tokens)
+    if need > cfg.max_len:
+        raise RolloutError(
+            f"max_len={cfg.max_len} cannot hold even the smallest budget: {min_cap} turns of {env.name} "
+            f"need up to {need} tokens (prompt {fmt.first_chunk_len(env.max_obs_len)}, "
+            f"{cfg.max_reply_tokens} per reply, {fmt.turn_chunk_len(env.max_obs_len) - 1} per "
+            f"observation). Raise max_len to >= {need} or lower the budget."
+        )
+
+
+def make_rollout(graphdef: nnx.GraphDef, env: Env, fmt: Format, cfg: RolloutConfig):
+    """The cached compiled rollout of a model: `run(params, tasks, caps, key, inject) -> Trajectory`."""
+    return episode_program(ModelPolicy(graphdef, fmt, cfg), env, cfg)
+
+
+def _min_cap(caps: Any, cfg: RolloutConfig) -> int:
+    if isinstance(caps, jax.core.Tracer):
+        return 1
+    check_caps(caps, cfg)
+    return int(np.min(np.asarray(caps))) if np.size(caps) else 1
+
+
+def rollout(
+    policy: nnx.Module,
+    env: Env,
+    tasks: Any,
+    caps: Any,
+    key: jax.Array,
+    cfg: RolloutConfig,
+    fmt: Format | None = None,
+    inject: Injection | None = None,
+) -> Trajectory:
+    """Run one batch of multi-turn episodes of a model with per-sequence turn caps.
+
+    tasks: pytree of arrays with leading axis B (e.g. {"seed": int32[B]}); caps: int32[B].
+    key: one PRNG key (split per sequence) or one key per sequence ([B] typed keys / [B, 2] raw).
+    Concrete caps are validated here (each in [1, max_turns]); the buffer must hold the smallest.
+    """
+    fmt = fmt or default_format(env)
+    check_config(env, fmt, cfg, _min_cap(caps, cfg))
+    graphdef, params = nnx.split(policy)
+    run = make_rollout(graphdef, env, fmt, cfg)
+    inject = inject if inject is not None else Injection.none(cfg.max_turns)
+    return run(params, tasks, jnp.asarray(caps, jnp.int32), key, inject)
+
+
+def play(
+    policy: Any,
+    env: Env,
+    tasks: Any,
+    caps: Any,
+    key: jax.Array,
+    max_turns: int,
+    *,
+    params: Any = (),
+    inject: Injection | None = None,
+    record_obs: bool = False,
+) -> Trajectory:
+    """Play a batch of episodes with a scripted policy: a `(key, env, state) -> action` function, or an
+    engine policy (e.g. `ReplayPolicy`) with its `params`. Same keys, caps and injection as `rollout`;
+    the Trajectory's token arrays are empty ([B, 0])."""
+    if isinstance(policy, nnx.Module):
+        raise TypeError("play runs scripted policies; use bmrl.rollout.rollout for a model.")
+    if not hasattr(policy, "bind"):
+        policy, params = as_policy(policy, None, None)
+    cfg = RolloutConfig(max_turns=int(max_turns), max_reply_tokens=1, max_len=1)
+    _min_cap(caps, cfg)
+    run = episode_program(policy, env, cfg, record_obs)
+    inject = inject if inject is not None else Injection.none(cfg.max_turns)
+    return run(params, tasks, jnp.asarray(caps, jnp.int32), key, inject)
+
+
+__all__ = ["Carry", "ScriptedPolicy", "Turns", "check_config", "default_format", "episode_program",
+           "inject_errors", "make_episode", "make_rollout", "play", "record_turn", "rollout"]

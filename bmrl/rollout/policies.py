@@ -1,0 +1,326 @@
+"""Policies behind one interface, called by the episode engine once per turn.
+
+A policy is a static, hashable description (it keys the compiled program) plus `params`, a pytree
+of data passed into the compiled episode. `policy.bind(params)` inside the trace gives an object with
+
+    start(env, obs, keys) -> state            # before turn 0: e.g. prefill the prompt + first observation
+    act(state, env, env_state, t, active) -> (state, action int32[B], format_ok bool[B])
+    observe(state, obs, t, nxt) -> (state, fits bool[B])   # the next observation, for rows going on
+    outputs(state) -> dict of token arrays    # tokens, length, loss_mask, logprobs, turn_of_token
+
+- `ModelPolicy`: a language model. Acting = decode a reply into the KV cache until a stop token or
+  the per-turn limit, then parse it into an action id in tokens; observing = prefill the reply's
+  closing fragment and the next observation at the row's own offset.
+- `ScriptedPolicy`: a jittable `(key, env, state) -> action id` function of the environment state
+  (the oracle, the eps-noisy oracle, a random policy): no tokens, no cache.
+- `ReplayPolicy`: replays given actions until a per-row turn, then (optionally) asks a scripted
+  policy: demonstrations laid out in tokens, and probe states for decision accuracy.
+
+Keys: the engine hands every policy the row keys; the model samples from `fold_in(row, TOKEN_STREAM)`
+(token i of turn t: `fold_in(fold_in(., t), i)`), scripted policies from `fold_in(row, SCRIPT_STREAM)`
+(turn t: `fold_in(., t)`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx, struct
+
+from bmrl.envs.base import Env
+from bmrl.formats import Format
+from bmrl.rollout.tokens import assemble, fixed, parse_replies, write
+from bmrl.rollout.types import SCRIPT_STREAM, TOKEN_STREAM, RolloutConfig, stream
+from bmrl.sampling import sample
+
+# ---- scripted action functions: (key, env, state) -> action id ----------------------------------
+
+
+def oracle_policy(key: jax.Array, env: Env, state) -> jnp.ndarray:
+    """The env's best action."""
+    return env.oracle_action(state)
+
+
+def random_policy(key: jax.Array, env: Env, state) -> jnp.ndarray:
+    """A uniformly random action."""
+    return jax.random.randint(key, (), 0, env.num_actions, dtype=jnp.int32)
+
+
+def noisy_oracle_policy(key: jax.Array, env: Env, state, eps: float = 0.1) -> jnp.ndarray:
+    """The oracle's action, except with probability `eps` a uniformly random different action."""
+    k_flip, k_pick = jax.random.split(key)
+    best = env.oracle_action(state)
+    other = jax.random.randint(k_pick, (), 0, env.num_actions - 1, dtype=jnp.int32)
+    wrong = other + (other >= best)  # skips `best`: uniform over the other num_actions - 1 actions
+    return jnp.where(jax.random.bernoulli(k_flip, eps), wrong, best).astype(jnp.int32)
+
+
+@dataclasses.dataclass(frozen=True)
+class NoisyOracle:
+    """`noisy_oracle_policy` with `eps` bound; hashable by value, so equal policies share a program."""
+
+    eps: float
+
+    def __call__(self, key: jax.Array, env: Env, state) -> jnp.ndarray:
+        return noisy_oracle_policy(key, env, state, self.eps)
+
+
+def make_noisy_oracle(eps: float) -> NoisyOracle:
+    """The eps-noisy oracle as a `(key, env, state)` policy."""
+    return NoisyOracle(float(eps))
+
+
+@dataclasses.dataclass(frozen=True)
+class NoisyOracleData:
+    """The eps-noisy oracle with `eps` as data (`params` = float32[]): one program for every eps."""
+
+    def bind(self, params) -> "_BoundScripted":
+        return _BoundScripted(lambda key, env, state: noisy_oracle_policy(key, env, state, params))
+
+
+POLICIES: dict[str, Callable] = {"oracle": oracle_policy, "random": random_policy, "noisy_oracle": noisy_oracle_policy}
+
+
+# ---- the language-model policy -----------------------------------------------------------------
+
+
+@struct.dataclass
+class ModelState:
+    """Per-row state of a model policy inside the episode. B = batch, L = buffer, V = vocab."""
+
+    cache: Any  # the decoder's per-layer KV cache
+    next_logits: jax.Array  # float32[B, V]: logits of the next token to sample
+    cache_len: jax.Array  # int32[B]: tokens in the cache
+    n_tok: jax.Array  # int32[B]: tokens in the buffer (the last sampled token is not yet in the cache)
+    tokens: jax.Array  # int32[B, L]
+    loss_mask: jax.Array  # float32[B, L]
+    logprobs: jax.Array  # float32[B, L]
+    turn_of_token: jax.Array  # int32[B, L]
+    tok_keys: jax.Array  # [B] sampling keys
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelPolicy:
+    """A Flax NNX decoder (its graph; the weights are `params`) speaking the format `fmt`."""
+
+    graphdef: nnx.GraphDef
+    fmt: Format
+    cfg: RolloutConfig
+
+    def bind(self, params) -> "_BoundModel":
+        return _BoundModel(self, nnx.merge(self.graphdef, params))
+
+
+class _BoundModel:
+    """A model policy inside one trace: the merged module and the static shapes."""
+
+    def __init__(self, spec: ModelPolicy, model):
+        self.model, self.fmt, self.cfg = model, spec.fmt, spec.cfg
+        self.stop_ids = jnp.asarray(spec.fmt.stop_ids, jnp.int32)
+
+    def _obs_segments(self, obs, batch):
+        f = self.fmt
+        return [fixed(f.obs_open, batch), (obs.tokens, obs.length), fixed(f.obs_close, batch)]
+
+    def start(self, env: Env, obs, keys) -> ModelState:
+        """Turn 0 prompt: the format's prefix + the first observation, prefilled from offset 0."""
+        batch = keys.shape[0]
+        width = self.fmt.first_chunk_len(env.max_obs_len)
+        chunk, n = assemble([fixed(self.fmt.prefix, batch)] + self._obs_segments(obs, batch), width, self.fmt.pad_id)
+        turn_ids = jnp.where(jnp.arange(width)[None, :] < len(self.fmt.prefix), -1, 0)
+        return self.start_from_context(chunk, n, keys, turn_ids)
+
+    def start_from_context(self, context: jax.Array, lengths: jax.Array, keys, turn_ids=None) -> ModelState:
+        """Prefill any context `[B, W]` (+ lengths [B]) from offset 0: the state before a reply."""
+        batch, L = keys.shape[0], self.cfg.max_len
+        zeros = jnp.zeros((batch,), jnp.int32)
+        turn_ids = jnp.zeros((1, context.shape[1]), jnp.int32) if turn_ids is None else turn_ids
+        cache = self.model.init_cache(batch, L)
+        logits, cache = self.model.extend(context, lengths, zeros, cache, last_only=True)
+        f32 = jnp.zeros((batch, L), jnp.float32)
+        return ModelState(
+            cache=cache, next_logits=logits[:, 0], cache_len=lengths, n_tok=lengths,
+            tokens=write(jnp.full((batch, L), self.fmt.pad_id, jnp.int32), zeros, context, lengths),
+            loss_mask=f32, logprobs=f32,
+            turn_of_token=write(jnp.full((batch, L), -1, jnp.int32), zeros, turn_ids, lengths),
+            tok_keys=stream(keys, TOKEN_STREAM),
+        )
+
+    def decode_reply(self, s: ModelState, t, decoding: jax.Array) -> ModelState:
+        """Sample one reply per decoding row into the buffer, until a stop token or the per-turn limit
+        (a reply that reaches it gets a stop token appended: not sampled, not trained on)."""
+        R, model = self.cfg.max_reply_tokens, self.model
+
+        def cond(d):
+            s, decoding, i = d
+            return jnp.any(decoding) & (i < R)
+
+        def body(d):
+            s, decoding, i = d
+            keys = jax.vmap(lambda k: jax.random.fold_in(jax.random.fold_in(k, t), i))(s.tok_keys)
+            tok, lp = sample(keys, s.next_logits, self.cfg.sampling)
+            is_stop = jnp.isin(tok, self.stop_ids)
+            forced = decoding & ~is_stop & (i == R - 1)
+            tok = jnp.where(forced, self.stop_ids[0], tok)
+            sampled = decoding & ~forced
+            one = decoding.astype(jnp.int32)
+            cont = decoding & ~is_stop & ~forced
+
+            def feed(args):
+                cache, _ = args
+                lg, cache = model.extend(tok[:, None], cont.astype(jnp.int32), s.cache_len, cache)
+                return cache, lg[:, 0]
+
+            cache, next_logits = jax.lax.cond(jnp.any(cont), feed, lambda a: a, (s.cache, s.next_logits))
+            s = s.replace(
+                tokens=write(s.tokens, s.n_tok, tok[:, None], one),
+                loss_mask=write(s.loss_mask, s.n_tok, sampled[:, None], one),
+                logprobs=write(s.logprobs, s.n_tok, jnp.where(sampled, lp, 0.0)[:, None], one),
+                turn_of_token=write(s.turn_of_token, s.n_tok, jnp.broadcast_to(t, (tok.shape[0], 1)), one),
+                n_tok=s.n_tok + one, cache=cache, next_logits=next_logits,
+                cache_len=s.cache_len + cont.astype(jnp.int32),
+            )
+            return s, cont, i + 1
+
+        s, _, _ = jax.lax.while_loop(cond, body, (s, decoding, jnp.int32(0)))
+        return s
+
+    def parse(self, s: ModelState, env: Env, reply_start: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """The reply written since `reply_start`, without its stop token -> (action id, format_ok)."""
+        R, L = self.cfg.max_reply_tokens, self.cfg.max_len
+        reply_len = s.n_tok - reply_start - 1
+        idx = jnp.clip(reply_start[:, None] + jnp.arange(R)[None, :], 0, L - 1)
+        reply = jnp.take_along_axis(s.tokens, idx, axis=1)
+        reply = jnp.where(jnp.arange(R)[None, :] < reply_len[:, None], reply, self.fmt.pad_id)
+        return parse_replies(env, self.fmt, reply, reply_len)
+
+    def act(self, s: ModelState, env: Env, env_state, t, active):
+        reply_start = s.n_tok
+        s = self.decode_reply(s, t, active)
+        act, format_ok = self.parse(s, env, reply_start)
+        return s, act, format_ok
+
+    def observe(self, s: ModelState, env: Env, obs, t, nxt) -> tuple[ModelState, jax.Array]:
+        """Prefill [last reply token, reply_close, obs_open, OBS, obs_close] for rows going on, if the
+        chunk and a full reply still fit the buffer; returns the rows that fit."""
+        batch, R, L = nxt.shape[0], self.cfg.max_reply_tokens, self.cfg.max_len
+        width = self.fmt.turn_chunk_len(env.max_obs_len)
+        last = s.tokens[jnp.arange(batch), jnp.clip(s.cache_len, 0, L - 1)][:, None]
+        chunk, n = assemble(
+            [(last, jnp.ones((batch,), jnp.int32)), fixed(self.fmt.reply_close, batch)]
+            + self._obs_segments(obs, batch), width, self.fmt.pad_id,
+        )
+        fits = s.cache_len + n + R <= L
+        go = nxt & fits
+        n = jnp.where(go, n, 0)
+
+        def prefill(args):
+            cache, prev = args
+            lg, cache = self.model.extend(chunk, n, s.cache_len, cache, last_only=True)
+            return cache, jnp.where(go[:, None], lg[:, 0], prev)
+
+        cache, next_logits = jax.lax.cond(jnp.any(go), prefill, lambda a: a, (s.cache, s.next_logits))
+        turn_ids = jnp.where(jnp.arange(width)[None, :] == 0, t, t + 1)
+        cache_len = s.cache_len + n
+        s = s.replace(
+            cache=cache, next_logits=next_logits,
+            tokens=write(s.tokens, s.cache_len, chunk, n),
+            turn_of_token=write(s.turn_of_token, s.cache_len, turn_ids, n),
+            cache_len=cache_len, n_tok=jnp.where(go, cache_len, s.n_tok),
+        )
+        return s, fits | ~nxt
+
+    def outputs(self, s: ModelState) -> dict[str, jax.Array]:
+        L = self.cfg.max_len
+        inside = jnp.arange(L)[None, :] < s.n_tok[:, None]
+        return dict(tokens=s.tokens, length=s.n_tok, loss_mask=s.loss_mask, logprobs=s.logprobs,
+                    turn_of_token=jnp.where(inside, s.turn_of_token, -1))
+
+
+# ---- scripted and replayed policies -------------------------------------------------------------
+
+
+def _no_tokens(batch: int) -> dict[str, jax.Array]:
+    empty = lambda dtype: jnp.zeros((batch, 0), dtype)  # noqa: E731
+    return dict(tokens=empty(jnp.int32), length=jnp.zeros((batch,), jnp.int32), loss_mask=empty(jnp.float32),
+                logprobs=empty(jnp.float32), turn_of_token=empty(jnp.int32))
+
+
+@dataclasses.dataclass(frozen=True)
+class ScriptedPolicy:
+    """A jittable `fn(key, env, state) -> action id`, called per row with `fold_in(script_key, t)`."""
+
+    fn: Callable
+
+    def bind(self, params) -> "_BoundScripted":
+        return _BoundScripted(self.fn)
+
+
+class _BoundScripted:
+    def __init__(self, fn: Callable):
+        self.fn = fn
+
+    def start(self, env: Env, obs, keys):
+        return stream(keys, SCRIPT_STREAM)
+
+    def act(self, keys, env: Env, env_state, t, active):
+        step_keys = jax.vmap(lambda k: jax.random.fold_in(k, t))(keys)
+        act = jax.vmap(lambda k, s: jnp.asarray(self.fn(k, env, s), jnp.int32))(step_keys, env_state)
+        return keys, act, jnp.ones(act.shape, bool)
+
+    def observe(self, keys, env: Env, obs, t, nxt):
+        return keys, jnp.ones(nxt.shape, bool)
+
+    def outputs(self, keys) -> dict[str, jax.Array]:
+        return _no_tokens(keys.shape[0])
+
+
+@struct.dataclass
+class Replay:
+    """ReplayPolicy data: `actions[b, t]` is played while `t < until[b]`; from turn `until[b]` on the
+    policy's `then` function acts with the key `then_keys[b]` (the same key every such turn)."""
+
+    actions: jax.Array  # int32[B, Tm]
+    until: jax.Array  # int32[B]
+    then_keys: jax.Array  # [B] PRNG keys
+
+
+@dataclasses.dataclass(frozen=True)
+class ReplayPolicy:
+    """Replay actions (`params` is a `Replay`), then hand over to the scripted `then` (or keep
+    replaying when `then` is None)."""
+
+    then: Callable | None = None
+
+    def bind(self, params: Replay) -> "_BoundReplay":
+        return _BoundReplay(self.then, params)
+
+
+class _BoundReplay(_BoundScripted):
+    def __init__(self, then: Callable | None, replay: Replay):
+        self.then, self.replay = then, replay
+
+    def act(self, keys, env: Env, env_state, t, active):
+        act = self.replay.actions[:, t]
+        if self.then is not None:
+            own = jax.vmap(lambda k, s: jnp.asarray(self.then(k, env, s), jnp.int32))(self.replay.then_keys, env_state)
+            act = jnp.where(t < self.replay.until, act, own)
+        return keys, act.astype(jnp.int32), jnp.ones(act.shape, bool)
+
+
+def as_policy(policy: Any, fmt: Format | None, cfg: RolloutConfig):
+    """(engine policy, params) of an `nnx.Module` (with its format) or a scripted function."""
+    if isinstance(policy, nnx.Module):
+        graphdef, params = nnx.split(policy)
+        return ModelPolicy(graphdef, fmt, cfg), params
+    if isinstance(policy, (ModelPolicy, ScriptedPolicy, ReplayPolicy)):
+        raise TypeError("pass the module or the scripted function itself; engine policies are built from them.")
+    if callable(policy):
+        return ScriptedPolicy(policy), ()
+    raise TypeError(
+        f"policy must be an nnx.Module or a scripted policy (key, env, state) -> action, got {type(policy).__name__}."
+    )

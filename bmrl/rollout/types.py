@@ -1,0 +1,130 @@
+"""What a rollout takes and returns: its static shapes, the Trajectory, error injection, caps and keys."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from bmrl.sampling import SamplingConfig
+
+# Key derivation of one row (shared by every policy and the environment, so that a model rollout,
+# a scripted run, a demonstration and a replay of the same row see the same environment randomness):
+ENV_STREAM, TOKEN_STREAM, SCRIPT_STREAM = 0, 1, 2  # fold_in(row_key, stream)
+INJECT_STREAM = 0x5EED  # fold_in(step_key, INJECT_STREAM): the injection coin and the wrong action
+
+
+class RolloutError(ValueError):
+    """A rollout configuration or input that cannot work (buffer too small, cap out of range...)."""
+
+
+@struct.dataclass
+class Trajectory:
+    """A batch of multi-turn episodes. B = batch, L = context buffer, Tm = max turns.
+
+    Scripted policies produce no tokens: their token arrays are [B, 0].
+    """
+
+    tokens: jax.Array  # int32[B, L]: prompt, observations, replies; pad after `length`
+    length: jax.Array  # int32[B]
+    loss_mask: jax.Array  # float32[B, L]: 1 on tokens the policy sampled (stop token included)
+    logprobs: jax.Array  # float32[B, L]: sampling-policy log-prob of each sampled token
+    turn_of_token: jax.Array  # int32[B, L]: 0-based turn of each token; -1 prompt prefix/padding
+    action: jax.Array  # int32[B, Tm]: parsed action id (INVALID = -1); -1 where inactive
+    reward: jax.Array  # float32[B, Tm]
+    error: jax.Array  # bool[B, Tm]
+    invalid: jax.Array  # bool[B, Tm]: the reply did not parse to an action
+    format_error: jax.Array  # bool[B, Tm]: the reply broke the reply format (no parsable answer)
+    injected: jax.Array  # bool[B, Tm]: the action was replaced by a forced wrong one (error injection)
+    oracle_action: jax.Array  # int32[B, Tm]: best action in the state before the turn; -1 where inactive
+    progress: jax.Array  # float32[B, Tm + 1]: index 0 after reset, t + 1 after turn t (carried when inactive)
+    turn_active: jax.Array  # bool[B, Tm]: the sequence acted at turn t
+    caps: jax.Array  # int32[B]
+    turns_used: jax.Array  # int32[B]
+    success: jax.Array  # bool[B]
+    first_success_turn: jax.Array  # int32[B]: 1-based; 0 = never
+    terminated: jax.Array  # bool[B]: the environment ended the episode (success included)
+    truncated: jax.Array  # bool[B]: stopped by its turn cap
+    overflow: jax.Array  # bool[B]: stopped because the next turn would not fit the buffer
+    observations: Any = None  # optional (tokens int32[B, Tm, O], lengths int32[B, Tm]): the observation before turn t
+
+    @property
+    def outcome_reward(self) -> jax.Array:
+        """float32[B]: the summed per-turn reward of each sequence."""
+        return self.reward.sum(axis=-1)
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutConfig:
+    """Static shapes of a rollout.
+
+    max_turns: Tm, the largest cap the compiled loop supports (the per-turn arrays' width).
+    max_reply_tokens: per-turn limit of sampled tokens, the stop token included; a reply that
+      reaches it without a stop token gets one appended (not sampled, not trained on).
+    max_len: L, the context buffer of each sequence (KV cache and token arrays).
+    """
+
+    max_turns: int
+    max_reply_tokens: int
+    max_len: int
+    sampling: SamplingConfig = SamplingConfig()
+    format_reward: float = 0.0  # added to a turn's reward when its reply breaks the format (< 0 penalises)
+
+    def __post_init__(self) -> None:
+        for name in ("max_turns", "max_reply_tokens", "max_len"):
+            if getattr(self, name) < 1:
+                raise RolloutError(f"RolloutConfig.{name} must be >= 1, got {getattr(self, name)}.")
+
+
+@struct.dataclass
+class Injection:
+    """Controlled error injection: at turns where `turns[t]`, with probability `prob`, the action is
+    replaced by a uniformly random wrong one (not the oracle's). Data, not shapes."""
+
+    prob: jax.Array  # float32[]
+    turns: jax.Array  # bool[Tm]
+
+    @classmethod
+    def none(cls, max_turns: int) -> "Injection":
+        return cls(prob=jnp.float32(0.0), turns=jnp.zeros((max_turns,), bool))
+
+    @classmethod
+    def at(cls, max_turns: int, turns, prob: float) -> "Injection":
+        """Inject with probability `prob` at the 0-based turns listed in `turns`."""
+        mask = np.zeros((max_turns,), bool)
+        mask[list(turns)] = True
+        return cls(prob=jnp.float32(prob), turns=jnp.asarray(mask))
+
+
+def check_caps(caps: Any, cfg: RolloutConfig) -> None:
+    """Validate concrete caps on the host: integers in [1, max_turns]."""
+    caps = np.asarray(caps)
+    if caps.ndim != 1 or not np.issubdtype(caps.dtype, np.integer):
+        raise RolloutError(f"caps must be a 1-D integer array [batch], got {caps.dtype}{list(caps.shape)}.")
+    if caps.size and (caps.min() < 1 or caps.max() > cfg.max_turns):
+        raise RolloutError(
+            f"Every turn cap must be in [1, max_turns={cfg.max_turns}]; got caps from {caps.min()} "
+            f"to {caps.max()}. Raise RolloutConfig.max_turns or lower the budget."
+        )
+
+
+def row_keys(key: jax.Array, batch: int) -> jax.Array:
+    """One PRNG key per sequence: `key` split B ways, or `key` itself if it already holds B keys.
+
+    Passing per-row keys makes a sequence's trajectory independent of the batch it runs in.
+    """
+    typed = jnp.issubdtype(key.dtype, jax.dtypes.prng_key)
+    if key.ndim == (1 if typed else 2):
+        if key.shape[0] != batch:
+            raise RolloutError(f"Got {key.shape[0]} per-row keys for a batch of {batch}.")
+        return key
+    return jax.random.split(key, batch)
+
+
+def stream(keys: jax.Array, which: int) -> jax.Array:
+    """keys [B] -> fold_in(key, which) per row."""
+    return jax.vmap(lambda k: jax.random.fold_in(k, which))(keys)
