@@ -379,4 +379,5 @@ if __name__ == "__main__":  # the before/after count of issue 16
             ok, what = run_case(name, saved_dir, work)
             clear += ok
             print(f"{'ok  ' if ok else 'BAD '} {name}: {what.splitlines()[0][:150] if what else ''}")
-        print(json.dumps({"cases": len(CASES), "clear_errors": clear, "bmrl": os.path.dirname(sys.modules['bmrl'].__file__)}))
+        bmrl_dir = os.path.dirname(sys.modules["bmrl"].__file__)
+        print(json.dumps({"cases": len(CASES), "clear_errors": clear, "bmrl": bmrl_dir}))

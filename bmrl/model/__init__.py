@@ -1,9 +1,9 @@
 """The policy model: one decoder in Flax NNX for the families in `families/` (Llama, Qwen2), its KV cache,
 HF checkpoints, tokenizers."""
 
-from bmrl.model.config import SUPPORTED_MODEL_TYPES, ConfigError, ModelConfig
+from bmrl.model.config import ConfigError, ModelConfig
 from bmrl.model.decoder import Decoder, KVCache, init_model, num_params
-from bmrl.model.families import FAMILIES, Family, get_family
+from bmrl.model.families import FAMILIES, SUPPORTED_MODEL_TYPES, Family, get_family
 from bmrl.model.hf import CheckpointError, config_from_hf, config_to_hf, from_pretrained, save_pretrained
 from bmrl.model.tokenizer import (
     BOS,

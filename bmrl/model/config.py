@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import jax.numpy as jnp
 
-from bmrl.model.families import SUPPORTED_MODEL_TYPES, get_family
+from bmrl.model.families import get_family, supported
 
 if TYPE_CHECKING:
     from bmrl.model.families import Family
@@ -85,10 +85,8 @@ class ModelConfig:
     def validate(self) -> None:
         """Raise `ConfigError` naming every inconsistency (and what to change)."""
         problems = []
-        if self.model_type not in SUPPORTED_MODEL_TYPES:
-            problems.append(
-                f"model_type={self.model_type!r} is not supported; supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
-            )
+        if get_family(self.model_type) is None:
+            problems.append(f"model_type={self.model_type!r} is not supported; supported: {supported()}")
         for name in (
             "vocab_size",
             "hidden_size",
@@ -180,9 +178,9 @@ def _rope_scaling_problems(rope_scaling: dict[str, Any] | None, family_types: tu
     if rope_scaling is None:
         return []
     rope_type = rope_scaling["rope_type"]
-    supported = [t for t in SUPPORTED_ROPE_TYPES if t in family_types]
-    if rope_type not in supported:
-        return [f"rope_scaling type {rope_type!r} is not supported; supported: {', '.join(supported)}"]
+    allowed = [t for t in SUPPORTED_ROPE_TYPES if t in family_types]
+    if rope_type not in allowed:
+        return [f"rope_scaling type {rope_type!r} is not supported; supported: {', '.join(allowed)}"]
     if rope_type == "llama3":
         missing = [k for k in LLAMA3_ROPE_KEYS if k not in rope_scaling]
         if missing:

@@ -22,9 +22,9 @@ import numpy as np
 from flax import nnx
 from safetensors.numpy import save_file
 
-from bmrl.model.config import SUPPORTED_MODEL_TYPES, ConfigError, ModelConfig
+from bmrl.model.config import ConfigError, ModelConfig
 from bmrl.model.decoder import Decoder
-from bmrl.model.families import get_family
+from bmrl.model.families import get_family, supported
 from bmrl.model.hf_dir import (
     INDEX_FILE,
     SINGLE_FILE,
@@ -80,7 +80,7 @@ def config_from_hf(hf_config: Any, **overrides: Any) -> ModelConfig:
     model_type = get("model_type")
     family = get_family(model_type)
     if family is None:
-        raise ConfigError(f"model_type {model_type!r} is not supported; supported: {', '.join(SUPPORTED_MODEL_TYPES)}.")
+        raise ConfigError(f"model_type {model_type!r} is not supported; supported: {supported()}.")
     problems = []
     if get("hidden_act", "silu") != "silu":
         problems.append(f"hidden_act={get('hidden_act')!r} (only 'silu' / SwiGLU is implemented)")
@@ -105,7 +105,7 @@ def config_from_hf(hf_config: Any, **overrides: Any) -> ModelConfig:
         rope_scaling=rope or None,
         rms_norm_eps=float(get("rms_norm_eps", 1e-6)),
         tie_word_embeddings=bool(get("tie_word_embeddings", family.tie_word_embeddings)),
-        attention_bias=family.attention_bias if family.attention_bias is not None else bool(get("attention_bias", False)),
+        attention_bias=bool(get("attention_bias", False)) if family.attention_bias is None else family.attention_bias,
         max_position_embeddings=get("max_position_embeddings", 2048),
     )
     fields.update({k: v for k, v in overrides.items() if v is not None})
@@ -134,6 +134,7 @@ def config_to_hf(cfg: ModelConfig, tokenizer: Any = None) -> Any:
     )
     if cfg.family.attention_bias is None:  # the family reads it from config.json
         kwargs["attention_bias"] = cfg.attention_bias
+    kwargs.update({key: value for key, value, _ in cfg.family.unsupported})  # the only values bmrl runs
     if tokenizer is not None:
         eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
         end_of_turn = tokenizer.convert_tokens_to_ids(END_OF_TURN) if END_OF_TURN in tokenizer.get_vocab() else None
@@ -160,10 +161,8 @@ def load_config(path: str | os.PathLike, **overrides: Any) -> ModelConfig:
         )
     raw = read_json(config_file, "a Hugging Face model config")
     model_type = raw.get("model_type")
-    if model_type not in SUPPORTED_MODEL_TYPES:
-        raise CheckpointError(
-            f"{config_file}: model_type {model_type!r} is not supported; supported: {', '.join(SUPPORTED_MODEL_TYPES)}."
-        )
+    if get_family(model_type) is None:
+        raise CheckpointError(f"{config_file}: model_type {model_type!r} is not supported; supported: {supported()}.")
     from transformers import AutoConfig
 
     try:

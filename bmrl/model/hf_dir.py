@@ -32,7 +32,7 @@ def check_directory(path: Path) -> None:
     if not path.exists():
         raise CheckpointError(f"Checkpoint directory {str(path)!r} does not exist.")
     if not path.is_dir():
-        raise CheckpointError(f"{str(path)!r} is a file, not a Hugging Face model directory (config.json + *.safetensors).")
+        raise CheckpointError(f"{str(path)!r} is a file, not a model directory (config.json + *.safetensors).")
     for entry in sorted(path.iterdir()):
         if entry.is_symlink():
             inside(path, entry.name, f"{path}")

@@ -93,3 +93,8 @@ SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(sorted(FAMILIES))
 def get_family(model_type: str) -> Family | None:
     """The family of a config.json `model_type`, or None when bmrl has none."""
     return FAMILIES.get(model_type)
+
+
+def supported() -> str:
+    """The registered `model_type`s, for error messages ("llama, qwen2")."""
+    return ", ".join(sorted(FAMILIES))
