@@ -225,6 +225,12 @@ def tensor_inf(d):
 
 
 @case
+def tensor_integer_dtype(d):
+    _edit_tensors(d, lambda t: t.update({"model.norm.weight": t["model.norm.weight"].astype(np.int32)}))
+    return "model.norm.weight"
+
+
+@case
 def duplicate_tensor_in_two_files(d):
     save_file({EMBED: load_file(str(d / WEIGHTS))[EMBED]}, str(d / "extra.safetensors"))
     return "extra.safetensors"
@@ -284,6 +290,14 @@ def index_maps_tensor_to_wrong_file(d):
 @case
 def tokenizer_json_garbage(d):
     (d / "tokenizer.json").write_text("{not json")
+    return "tokenizer.json"
+
+
+@case
+def tokenizer_larger_than_vocabulary(d):
+    vocab = json.loads((d / "config.json").read_text())["vocab_size"] - 10
+    _edit_config(d, vocab_size=vocab)
+    _edit_tensors(d, lambda t: t.update({n: t[n][:vocab] for n in (EMBED, "lm_head.weight")}))
     return "tokenizer.json"
 
 

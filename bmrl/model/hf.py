@@ -37,6 +37,7 @@ from bmrl.model.hf_dir import (
 from bmrl.model.tokenizer import END_OF_TURN, load_tokenizer
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+_FLOAT_DTYPES = ("F32", "BF16", "F16", "F64")  # safetensors dtype names of weights bmrl loads
 
 
 # ---------------------------------------------------------------- name mapping
@@ -187,6 +188,7 @@ def _check_tensors(cfg: ModelConfig, files: dict[str, Path], path: Path) -> list
     """Compare names and shapes with the config; return the names to load or raise listing problems."""
     specs = tensor_specs(cfg)
     shapes: dict[str, tuple[int, ...]] = {}
+    not_float = []
     for file, names in _group_by_file(list(files), files):
         with open_safetensors(file) as f:
             present = set(f.keys())
@@ -194,6 +196,8 @@ def _check_tensors(cfg: ModelConfig, files: dict[str, Path], path: Path) -> list
                 if name not in present:
                     raise CheckpointError(f"{path / INDEX_FILE} maps {name!r} to {file.name}, which does not hold it.")
                 shapes[name] = tuple(f.get_slice(name).get_shape())
+                if name in specs and f.get_slice(name).get_dtype() not in _FLOAT_DTYPES:
+                    not_float.append(f"{file.name}: {name} {f.get_slice(name).get_dtype()}")
     missing = [f"{n} {specs[n][1]}" for n in specs if n not in shapes]
     unexpected, misshaped = [], []
     for name, shape in shapes.items():
@@ -215,6 +219,9 @@ def _check_tensors(cfg: ModelConfig, files: dict[str, Path], path: Path) -> list
         problems.append(f"unexpected tensors: {', '.join(unexpected)}")
     if misshaped:
         problems.append(f"mis-shaped tensors: {'; '.join(misshaped)}")
+    if not_float:
+        problems.append(f"tensors that are not float ({'/'.join(_FLOAT_DTYPES)}; quantized weights are not read): "
+                        + ", ".join(not_float))
     if problems:
         raise CheckpointError(
             f"Checkpoint {str(path)!r} does not match its config.json ({cfg.model_type}, "
@@ -287,6 +294,11 @@ def from_pretrained(
             raise CheckpointError(
                 f"Tokenizer files in {str(path)!r} ({', '.join(present)}) could not be loaded: {e}"
             ) from e
+        if len(tokenizer) > cfg.vocab_size:  # ids past the embedding would be clamped silently under jit
+            raise CheckpointError(
+                f"The tokenizer in {str(path)!r} ({', '.join(present)}) has {len(tokenizer)} tokens, more than "
+                f"config.json's vocab_size={cfg.vocab_size}: save the model and tokenizer together."
+            )
     return model, tokenizer
 
 
