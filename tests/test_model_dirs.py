@@ -187,6 +187,13 @@ def weights_symlink_leaves_directory(d):
 
 
 @case
+def weights_symlink_loop(d):
+    (d / WEIGHTS).unlink()
+    (d / WEIGHTS).symlink_to(d / WEIGHTS)
+    return WEIGHTS
+
+
+@case
 def tensor_missing(d):
     _edit_tensors(d, lambda t: t.pop("model.norm.weight"))
     return "model.norm.weight"
@@ -272,6 +279,13 @@ def index_entry_parent_traversal(d):
 def index_entry_absolute_path(d):
     _shard(d, str(d.parent / "x.safetensors"))
     return str(d.parent / "x.safetensors")
+
+
+@case
+def index_entry_through_symlinked_folder(d):
+    _shard(d, "shards/x.safetensors")
+    (d / "shards").symlink_to(d.parent, target_is_directory=True)
+    return "shards"
 
 
 @case

@@ -3,8 +3,11 @@
 Every module of this package defines `FAMILY = Family(...)`; the registry below finds them by
 walking the package, so a family whose differences fit these fields (bias placement, tied
 embeddings, rope types, shape rules, Hugging Face class, tensor and config-key names) is one new
-file plus its parity test. A family that needs new arithmetic (e.g. Qwen3's q/k norms) also needs
-a decoder feature, switched on by a field here.
+file plus its parity test:
+  1. `bmrl/model/families/<name>.py` with `FAMILY = Family(model_type=..., config_class=..., ...)`;
+  2. its entry in `CASES` of `tests/test_model_parity.py` (logits vs transformers, both directions).
+A family that needs new arithmetic (e.g. Qwen3's q/k norms) also needs a decoder feature, switched
+on by a field here.
 """
 
 from __future__ import annotations
