@@ -1,4 +1,7 @@
-"""Logits parity with transformers' PyTorch Llama / Qwen2, in both directions (import and export)."""
+"""Logits parity with transformers' PyTorch model of every family in `bmrl.model.families`, both directions.
+
+A new family's parity test is its entry in CASES (the fixture builds the torch model from the spec).
+"""
 
 import jax
 import jax.numpy as jnp
@@ -9,7 +12,7 @@ from flax import nnx
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from bmrl.model import ModelConfig, from_pretrained, init_model, save_pretrained  # noqa: E402
+from bmrl.model import FAMILIES, Family, ModelConfig, from_pretrained, init_model, save_pretrained  # noqa: E402
 
 TOL = 1e-4
 VOCAB = 101
@@ -30,7 +33,7 @@ CASES = {
 
 
 def _torch_model(model_type, kwargs, seed=0):
-    config_class = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config}[model_type]
+    config_class = getattr(transformers, FAMILIES[model_type].config_class)
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config_class(**COMMON, **kwargs), attn_implementation="eager")
     with torch.no_grad():
@@ -137,8 +140,34 @@ def test_export_round_trip_through_transformers(tmp_path, model_type, tied):
         treedef, [0.15 * jax.random.normal(k, x.shape) for k, x in zip(keys, leaves, strict=True)]))
     save_pretrained(model, None, tmp_path, max_shard_bytes=None if tied else 30_000)
     torch_model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation="eager").eval()
-    assert type(torch_model).__name__ == {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}[model_type]
+    assert type(torch_model).__name__ == FAMILIES[model_type].architecture
     tokens = _tokens((3, 20), seed=5)
     ref = _torch_logits(torch_model, tokens)
     assert np.abs(ref).max() > 0.1
     assert _max_diff(_jit_forward(model)(tokens, np.ones((3, 20), bool)), ref) <= TOL
+
+
+def test_every_family_has_a_parity_case():
+    assert {model_type for model_type, _ in CASES.values()} == set(FAMILIES)
+
+
+def test_a_new_family_is_one_spec(tmp_path, monkeypatch):
+    """Mistral, registered as a spec only (what a new families/mistral.py would hold): import and export
+    match transformers' MistralForCausalLM, and a sliding window is refused (the decoder has none)."""
+    spec = Family(model_type="mistral", config_class="MistralConfig", architecture="MistralForCausalLM",
+                  attention_bias=False, unsupported=(("sliding_window", None, "no sliding-window attention"),))
+    monkeypatch.setitem(FAMILIES, "mistral", spec)
+    torch_model = _torch_model("mistral", dict(num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                               sliding_window=None))
+    torch_model.save_pretrained(tmp_path / "in")
+    model, _ = from_pretrained(tmp_path / "in")
+    tokens = _tokens((2, 20), seed=6)
+    assert _max_diff(_jit_forward(model)(tokens, np.ones((2, 20), bool)), _torch_logits(torch_model, tokens)) <= TOL
+    save_pretrained(model, None, tmp_path / "out")
+    exported = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out", attn_implementation="eager")
+    assert type(exported).__name__ == "MistralForCausalLM" and exported.config.sliding_window is None
+    assert _max_diff(_torch_logits(exported.eval(), tokens), _torch_logits(torch_model, tokens)) <= TOL
+    torch_model.config.sliding_window = 8
+    torch_model.save_pretrained(tmp_path / "window")
+    with pytest.raises(ValueError, match=r"sliding_window=8 \(no sliding-window attention\)"):
+        from_pretrained(tmp_path / "window")

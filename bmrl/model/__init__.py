@@ -1,7 +1,9 @@
-"""The policy model: a Llama / Qwen2 family decoder in Flax NNX, its KV cache, HF checkpoints, tokenizers."""
+"""The policy model: one decoder in Flax NNX for the families in `families/` (Llama, Qwen2), its KV cache,
+HF checkpoints, tokenizers."""
 
-from bmrl.model.config import SUPPORTED_MODEL_TYPES, ConfigError, ModelConfig
+from bmrl.model.config import ConfigError, ModelConfig
 from bmrl.model.decoder import Decoder, KVCache, init_model, num_params
+from bmrl.model.families import FAMILIES, SUPPORTED_MODEL_TYPES, Family, get_family
 from bmrl.model.hf import CheckpointError, config_from_hf, config_to_hf, from_pretrained, save_pretrained
 from bmrl.model.tokenizer import (
     BOS,
@@ -24,11 +26,14 @@ __all__ = [
     "CheckpointError",
     "ConfigError",
     "Decoder",
+    "FAMILIES",
+    "Family",
     "KVCache",
     "ModelConfig",
     "config_from_hf",
     "config_to_hf",
     "from_pretrained",
+    "get_family",
     "init_model",
     "load_tokenizer",
     "num_params",

@@ -8,11 +8,15 @@ Field names follow `transformers`' LlamaConfig / Qwen2Config so a config.json ma
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax.numpy as jnp
 
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
+from bmrl.model.families import get_family, supported
+
+if TYPE_CHECKING:
+    from bmrl.model.families import Family
+
 SUPPORTED_ROPE_TYPES = ("default", "llama3")
 SUPPORTED_DTYPES = ("float32", "bfloat16", "float16")
 LLAMA3_ROPE_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
@@ -24,10 +28,11 @@ class ConfigError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-    """Architecture of a Llama / Qwen2 family decoder.
+    """Architecture of a decoder of one of the families in `bmrl.model.families`.
 
-    `attention_bias=None` takes the family default: Qwen2 always has q/k/v biases (and no o_proj
-    bias); Llama has none, and with `attention_bias=True` biases on q/k/v *and* o_proj, as in HF.
+    `attention_bias=None` and `tie_word_embeddings=None` take the family's default (e.g. Qwen2
+    always has q/k/v biases and no o_proj bias; Llama has none, and with `attention_bias=True`
+    biases on q/k/v *and* o_proj, as in HF).
     `rope_scaling` is None or a Llama-3 dict (`rope_type: "llama3"`, factor, low_freq_factor,
     high_freq_factor, original_max_position_embeddings). `param_dtype` is the storage dtype of the
     weights, `dtype` the compute dtype of activations and KV cache; logits are always float32.
@@ -44,7 +49,7 @@ class ModelConfig:
     rope_theta: float = 10000.0
     rope_scaling: dict[str, Any] | None = None
     rms_norm_eps: float = 1e-6
-    tie_word_embeddings: bool = False
+    tie_word_embeddings: bool | None = None
     attention_bias: bool | None = None
     max_position_embeddings: int = 2048
     param_dtype: str = "float32"
@@ -53,8 +58,11 @@ class ModelConfig:
     def __post_init__(self) -> None:
         if self.head_dim is None and self.num_attention_heads > 0:
             object.__setattr__(self, "head_dim", self.hidden_size // self.num_attention_heads)
+        family = get_family(self.model_type)
         if self.attention_bias is None:
-            object.__setattr__(self, "attention_bias", self.model_type == "qwen2")
+            object.__setattr__(self, "attention_bias", bool(family and family.attention_bias))
+        if self.tie_word_embeddings is None:
+            object.__setattr__(self, "tie_word_embeddings", bool(family and family.tie_word_embeddings))
         if self.rope_scaling is not None:
             scaling = dict(self.rope_scaling)
             scaling.setdefault("rope_type", scaling.pop("type", "default"))  # legacy key name
@@ -77,10 +85,8 @@ class ModelConfig:
     def validate(self) -> None:
         """Raise `ConfigError` naming every inconsistency (and what to change)."""
         problems = []
-        if self.model_type not in SUPPORTED_MODEL_TYPES:
-            problems.append(
-                f"model_type={self.model_type!r} is not supported; supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
-            )
+        if get_family(self.model_type) is None:
+            problems.append(f"model_type={self.model_type!r} is not supported; supported: {supported()}")
         for name in (
             "vocab_size",
             "hidden_size",
@@ -102,24 +108,12 @@ class ModelConfig:
             )
         if head_dim <= 0 or head_dim % 2:
             problems.append(f"head_dim={head_dim} must be a positive even number (rotary embeddings rotate pairs)")
-        if self.model_type == "llama" and self.hidden_size % heads:
-            problems.append(
-                f"hidden_size={self.hidden_size} is not a multiple of num_attention_heads={heads} "
-                "(transformers' LlamaConfig requires it)"
-            )
-        if self.model_type == "qwen2":
-            if head_dim * heads != self.hidden_size:
-                problems.append(
-                    f"qwen2 needs hidden_size == num_attention_heads * head_dim, got {self.hidden_size} != "
-                    f"{heads} * {head_dim}"
-                )
-            if not self.attention_bias:
-                problems.append("qwen2 always has q/k/v biases: set attention_bias=True (or None)")
+        problems += self.family.problems(self)
         if self.rope_theta <= 0:
             problems.append(f"rope_theta={self.rope_theta} must be positive")
         if self.rms_norm_eps <= 0:
             problems.append(f"rms_norm_eps={self.rms_norm_eps} must be positive")
-        problems += _rope_scaling_problems(self.rope_scaling)
+        problems += _rope_scaling_problems(self.rope_scaling, self.family.rope_types)
         for name in ("param_dtype", "dtype"):
             if getattr(self, name) not in SUPPORTED_DTYPES:
                 problems.append(f"{name}={getattr(self, name)!r} must be one of {', '.join(SUPPORTED_DTYPES)}")
@@ -132,9 +126,14 @@ class ModelConfig:
         return "default" if self.rope_scaling is None else self.rope_scaling.get("rope_type", "default")
 
     @property
+    def family(self) -> Family:
+        """The `bmrl.model.families` spec of `model_type` (validated on creation)."""
+        return get_family(self.model_type)
+
+    @property
     def o_proj_bias(self) -> bool:
-        """HF Llama puts `attention_bias` on o_proj too; Qwen2 never biases o_proj."""
-        return bool(self.attention_bias) and self.model_type == "llama"
+        """Whether o_proj has a bias: `attention_bias` in a family that biases o_proj too (Llama)."""
+        return bool(self.attention_bias) and self.family.o_proj_bias
 
     @property
     def jnp_param_dtype(self) -> jnp.dtype:
@@ -175,12 +174,13 @@ class ModelConfig:
         )
 
 
-def _rope_scaling_problems(rope_scaling: dict[str, Any] | None) -> list[str]:
+def _rope_scaling_problems(rope_scaling: dict[str, Any] | None, family_types: tuple[str, ...]) -> list[str]:
     if rope_scaling is None:
         return []
     rope_type = rope_scaling["rope_type"]
-    if rope_type not in SUPPORTED_ROPE_TYPES:
-        return [f"rope_scaling type {rope_type!r} is not supported; supported: {', '.join(SUPPORTED_ROPE_TYPES)}"]
+    allowed = [t for t in SUPPORTED_ROPE_TYPES if t in family_types]
+    if rope_type not in allowed:
+        return [f"rope_scaling type {rope_type!r} is not supported; supported: {', '.join(allowed)}"]
     if rope_type == "llama3":
         missing = [k for k in LLAMA3_ROPE_KEYS if k not in rope_scaling]
         if missing:

@@ -1,9 +1,11 @@
 """Hugging Face checkpoints in and out: config.json + safetensors <-> `Decoder`.
 
 transformers (v5 ships no Flax models) is used for `AutoConfig` only, from local files, never with
-remote code. Tensors are read with `safetensors`' flax reader (it holds bf16, numpy cannot) and
-checked by name and shape against the config before any model is built, so a bad checkpoint fails
-with one error listing every problem instead of a half-loaded model.
+remote code. What differs between families (biases, HF class and key names, tensor names) is read
+from their spec in `bmrl.model.families`. Files are found and opened by `bmrl.model.hf_dir`, inside
+the directory only. Tensors are read with `safetensors`' flax reader (it holds bf16, numpy cannot)
+and checked by name and shape against the config before any model is built, and for finiteness
+after, so a bad checkpoint fails with one error listing every problem instead of a half-loaded model.
 """
 
 from __future__ import annotations
@@ -18,23 +20,24 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from safetensors import safe_open
 from safetensors.numpy import save_file
 
-from bmrl.model.config import SUPPORTED_MODEL_TYPES, ConfigError, ModelConfig
+from bmrl.model.config import ConfigError, ModelConfig
 from bmrl.model.decoder import Decoder
+from bmrl.model.families import get_family, supported
+from bmrl.model.hf_dir import (
+    INDEX_FILE,
+    SINGLE_FILE,
+    CheckpointError,
+    check_directory,
+    checkpoint_files,
+    open_safetensors,
+    read_json,
+)
 from bmrl.model.tokenizer import END_OF_TURN, load_tokenizer
 
-INDEX_FILE = "model.safetensors.index.json"
-SINGLE_FILE = "model.safetensors"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
-_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
-# Buffers some older exports carry; derived from the config, safe to skip.
-_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
-
-
-class CheckpointError(ValueError):
-    """A Hugging Face directory that cannot be loaded as (or written from) a bmrl decoder."""
+_FLOAT_DTYPES = ("F32", "BF16", "F16", "F64")  # safetensors dtype names of weights bmrl loads
 
 
 # ---------------------------------------------------------------- name mapping
@@ -43,12 +46,13 @@ def tensor_specs(cfg: ModelConfig) -> dict[str, tuple[tuple, tuple[int, ...], bo
     in HF and `kernel: [in, out]` here."""
     d, hd, inter = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
     q_dim, kv_dim = cfg.num_attention_heads * hd, cfg.num_key_value_heads * hd
+    names = cfg.family.tensor_names
     specs: dict[str, tuple[tuple, tuple[int, ...], bool]] = {
-        "model.embed_tokens.weight": (("embed_tokens", "embedding"), (cfg.vocab_size, d), False),
-        "model.norm.weight": (("norm", "weight"), (d,), False),
+        f"{names.embed_tokens}.weight": (("embed_tokens", "embedding"), (cfg.vocab_size, d), False),
+        f"{names.norm}.weight": (("norm", "weight"), (d,), False),
     }
     if not cfg.tie_word_embeddings:
-        specs["lm_head.weight"] = (("lm_head", "kernel"), (cfg.vocab_size, d), True)
+        specs[f"{names.lm_head}.weight"] = (("lm_head", "kernel"), (cfg.vocab_size, d), True)
     linears = (
         ("self_attn.q_proj", q_dim, d, cfg.attention_bias),
         ("self_attn.k_proj", kv_dim, d, cfg.attention_bias),
@@ -59,7 +63,7 @@ def tensor_specs(cfg: ModelConfig) -> dict[str, tuple[tuple, tuple[int, ...], bo
         ("mlp.down_proj", d, inter, False),
     )
     for i in range(cfg.num_hidden_layers):
-        prefix = f"model.layers.{i}."
+        prefix = names.layer.format(i=i) + "."
         for name, d_out, d_in, bias in linears:
             path = ("layers", i, *name.split("."))
             specs[f"{prefix}{name}.weight"] = (path + ("kernel",), (d_out, d_in), True)
@@ -75,15 +79,13 @@ def config_from_hf(hf_config: Any, **overrides: Any) -> ModelConfig:
     """A `ModelConfig` from a transformers config object; raises `ConfigError` on what we can't run."""
     get = lambda name, default=None: getattr(hf_config, name, default)  # noqa: E731
     model_type = get("model_type")
-    if model_type not in SUPPORTED_MODEL_TYPES:
-        raise ConfigError(f"model_type {model_type!r} is not supported; supported: {', '.join(SUPPORTED_MODEL_TYPES)}.")
+    family = get_family(model_type)
+    if family is None:
+        raise ConfigError(f"model_type {model_type!r} is not supported; supported: {supported()}.")
     problems = []
     if get("hidden_act", "silu") != "silu":
         problems.append(f"hidden_act={get('hidden_act')!r} (only 'silu' / SwiGLU is implemented)")
-    if get("mlp_bias", False):
-        problems.append("mlp_bias=True (MLP biases are not implemented)")
-    if get("use_sliding_window", False):
-        problems.append("use_sliding_window=True (sliding-window attention is not implemented)")
+    problems += family.unsupported_features(get)
     rope = dict(get("rope_parameters") or get("rope_scaling") or {})
     if rope.get("partial_rotary_factor", 1.0) != 1.0:
         problems.append(f"partial_rotary_factor={rope['partial_rotary_factor']} (only full rotary is implemented)")
@@ -103,8 +105,8 @@ def config_from_hf(hf_config: Any, **overrides: Any) -> ModelConfig:
         rope_theta=float(rope_theta),
         rope_scaling=rope or None,
         rms_norm_eps=float(get("rms_norm_eps", 1e-6)),
-        tie_word_embeddings=bool(get("tie_word_embeddings", False)),
-        attention_bias=True if model_type == "qwen2" else bool(get("attention_bias", False)),
+        tie_word_embeddings=bool(get("tie_word_embeddings", family.tie_word_embeddings)),
+        attention_bias=bool(get("attention_bias", False)) if family.attention_bias is None else family.attention_bias,
         max_position_embeddings=get("max_position_embeddings", 2048),
     )
     fields.update({k: v for k, v in overrides.items() if v is not None})
@@ -112,7 +114,7 @@ def config_from_hf(hf_config: Any, **overrides: Any) -> ModelConfig:
 
 
 def config_to_hf(cfg: ModelConfig, tokenizer: Any = None) -> Any:
-    """The transformers config (LlamaConfig / Qwen2Config) describing the same architecture."""
+    """The transformers config (the family's class, e.g. LlamaConfig) describing the same architecture."""
     import transformers
 
     rope_parameters = {"rope_type": cfg.rope_type, "rope_theta": cfg.rope_theta, **(cfg.rope_scaling or {})}
@@ -131,8 +133,9 @@ def config_to_hf(cfg: ModelConfig, tokenizer: Any = None) -> Any:
         rope_parameters=rope_parameters,
         dtype=cfg.param_dtype,
     )
-    if cfg.model_type == "llama":
+    if cfg.family.attention_bias is None:  # the family reads it from config.json
         kwargs["attention_bias"] = cfg.attention_bias
+    kwargs.update({key: value for key, value, _ in cfg.family.unsupported})  # the only values bmrl runs
     if tokenizer is not None:
         eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
         end_of_turn = tokenizer.convert_tokens_to_ids(END_OF_TURN) if END_OF_TURN in tokenizer.get_vocab() else None
@@ -143,31 +146,24 @@ def config_to_hf(cfg: ModelConfig, tokenizer: Any = None) -> Any:
             bos_token_id=tokenizer.bos_token_id,
             eos_token_id=eos[0] if len(eos) == 1 else (eos or None),
         )
-    config_class = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config}[cfg.model_type]
-    hf_config = config_class(**kwargs)
-    hf_config.architectures = [_ARCHITECTURES[cfg.model_type]]
+    hf_config = getattr(transformers, cfg.family.config_class)(**kwargs)
+    hf_config.architectures = [cfg.family.architecture]
     return hf_config
 
 
 def load_config(path: str | os.PathLike, **overrides: Any) -> ModelConfig:
     """Read `path/config.json` (AutoConfig, local files only, no remote code) into a `ModelConfig`."""
     path = Path(path)
-    if not path.is_dir():
-        raise CheckpointError(f"Checkpoint directory {str(path)!r} does not exist.")
+    check_directory(path)
     config_file = path / "config.json"
     if not config_file.is_file():
         raise CheckpointError(
             f"{str(path)!r} has no config.json; a Hugging Face model directory needs one (and safetensors weights)."
         )
-    try:
-        raw = json.loads(config_file.read_text())
-    except json.JSONDecodeError as e:
-        raise CheckpointError(f"{config_file} is not valid JSON: {e}") from e
+    raw = read_json(config_file, "a Hugging Face model config")
     model_type = raw.get("model_type")
-    if model_type not in SUPPORTED_MODEL_TYPES:
-        raise CheckpointError(
-            f"{config_file}: model_type {model_type!r} is not supported; supported: {', '.join(SUPPORTED_MODEL_TYPES)}."
-        )
+    if get_family(model_type) is None:
+        raise CheckpointError(f"{config_file}: model_type {model_type!r} is not supported; supported: {supported()}.")
     from transformers import AutoConfig
 
     try:
@@ -181,34 +177,6 @@ def load_config(path: str | os.PathLike, **overrides: Any) -> ModelConfig:
 
 
 # ---------------------------------------------------------------- tensors
-def _checkpoint_files(path: Path) -> dict[str, Path]:
-    """Tensor name -> safetensors file, from the index when there is one."""
-    index = path / INDEX_FILE
-    if index.is_file():
-        weight_map = json.loads(index.read_text()).get("weight_map")
-        if not isinstance(weight_map, dict):
-            raise CheckpointError(f"{index} has no 'weight_map' dict.")
-        files = {name: path / file for name, file in weight_map.items()}
-        absent = sorted({str(f.name) for f in files.values() if not f.is_file()})
-        if absent:
-            raise CheckpointError(f"{index} names files that are not in {str(path)!r}: {', '.join(absent)}.")
-        return files
-    shards = sorted(path.glob("*.safetensors"))
-    if not shards:
-        raise CheckpointError(
-            f"{str(path)!r} has no *.safetensors weights (pickled .bin checkpoints are not read; "
-            "re-save them with safe_serialization=True)."
-        )
-    files: dict[str, Path] = {}
-    for shard in shards:
-        with safe_open(shard, framework="flax") as f:
-            for name in f.keys():
-                if name in files:
-                    raise CheckpointError(f"Tensor {name!r} is in both {files[name].name} and {shard.name}.")
-                files[name] = shard
-    return files
-
-
 def _group_by_file(names: list[str], files: dict[str, Path]) -> Iterator[tuple[Path, list[str]]]:
     by_file: dict[Path, list[str]] = {}
     for name in names:
@@ -220,19 +188,22 @@ def _check_tensors(cfg: ModelConfig, files: dict[str, Path], path: Path) -> list
     """Compare names and shapes with the config; return the names to load or raise listing problems."""
     specs = tensor_specs(cfg)
     shapes: dict[str, tuple[int, ...]] = {}
+    not_float = []
     for file, names in _group_by_file(list(files), files):
-        with safe_open(file, framework="flax") as f:
+        with open_safetensors(file) as f:
             present = set(f.keys())
             for name in names:
                 if name not in present:
-                    raise CheckpointError(f"{INDEX_FILE} maps {name!r} to {file.name}, which does not hold it.")
+                    raise CheckpointError(f"{path / INDEX_FILE} maps {name!r} to {file.name}, which does not hold it.")
                 shapes[name] = tuple(f.get_slice(name).get_shape())
+                if name in specs and f.get_slice(name).get_dtype() not in _FLOAT_DTYPES:
+                    not_float.append(f"{file.name}: {name} {f.get_slice(name).get_dtype()}")
     missing = [f"{n} {specs[n][1]}" for n in specs if n not in shapes]
     unexpected, misshaped = [], []
     for name, shape in shapes.items():
-        if name.endswith(_IGNORED_SUFFIXES):
+        if name.endswith(cfg.family.ignored_tensors):
             continue
-        if name == "lm_head.weight" and cfg.tie_word_embeddings:
+        if name == f"{cfg.family.tensor_names.lm_head}.weight" and cfg.tie_word_embeddings:
             expected = (cfg.vocab_size, cfg.hidden_size)  # a redundant copy of the tied embedding
         elif name in specs:
             expected = specs[name][1]
@@ -248,6 +219,9 @@ def _check_tensors(cfg: ModelConfig, files: dict[str, Path], path: Path) -> list
         problems.append(f"unexpected tensors: {', '.join(unexpected)}")
     if misshaped:
         problems.append(f"mis-shaped tensors: {'; '.join(misshaped)}")
+    if not_float:
+        problems.append(f"tensors that are not float ({'/'.join(_FLOAT_DTYPES)}; quantized weights are not read): "
+                        + ", ".join(not_float))
     if problems:
         raise CheckpointError(
             f"Checkpoint {str(path)!r} does not match its config.json ({cfg.model_type}, "
@@ -256,10 +230,14 @@ def _check_tensors(cfg: ModelConfig, files: dict[str, Path], path: Path) -> list
     return list(specs)
 
 
-def load_model(path: str | os.PathLike, cfg: ModelConfig) -> Decoder:
-    """Build a `Decoder` for `cfg` holding the safetensors weights in `path` (checked first)."""
+def load_model(path: str | os.PathLike, cfg: ModelConfig, *, allow_nonfinite: bool = False) -> Decoder:
+    """Build a `Decoder` for `cfg` holding the safetensors weights in `path` (checked first).
+
+    NaN or inf in any weight is refused unless `allow_nonfinite` (a diverged run's export loads
+    fine and then produces garbage, so it must be asked for).
+    """
     path = Path(path)
-    files = _checkpoint_files(path)
+    files = checkpoint_files(path)
     names = _check_tensors(cfg, files, path)
     specs = tensor_specs(cfg)
     abstract = nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(0)))
@@ -267,12 +245,23 @@ def load_model(path: str | os.PathLike, cfg: ModelConfig) -> Decoder:
     expected_paths = {p for p, _ in nnx.to_flat_state(abstract_state)}
     assert expected_paths == {specs[n][0] for n in names}, "tensor_specs out of sync with Decoder"
     values: dict[tuple, jax.Array] = {}
+    nonfinite: dict[str, jax.Array] = {}
     for file, group in _group_by_file(names, files):
-        with safe_open(file, framework="flax") as f:
+        with open_safetensors(file) as f:
             for name in group:
                 nnx_path, _, transposed = specs[name]
                 tensor = f.get_tensor(name)
                 values[nnx_path] = jnp.asarray(tensor.T if transposed else tensor, cfg.jnp_param_dtype)
+                if not allow_nonfinite:
+                    nonfinite[name] = jnp.sum(~jnp.isfinite(values[nnx_path]))
+    bad = {name: int(n) for name, n in jax.device_get(nonfinite).items() if n}
+    if bad:
+        listed = ", ".join(f"{files[name].name}: {name} ({n} values)" for name, n in bad.items())
+        raise CheckpointError(
+            f"Checkpoint {str(path)!r} holds non-finite weights (NaN or inf): {listed}. The model would "
+            "produce NaN; if that is what you want to inspect, pass from_pretrained(..., allow_nonfinite=True) "
+            "(config key model.allow_nonfinite=true)."
+        )
     return nnx.merge(graphdef, nnx.from_flat_state(values))
 
 
@@ -281,24 +270,35 @@ def from_pretrained(
     *,
     dtype: Any = None,
     param_dtype: Any = None,
+    allow_nonfinite: bool = False,
 ) -> tuple[Decoder, Any]:
     """Load `(model, tokenizer)` from a local Hugging Face directory.
 
-    Reads config.json (llama / qwen2), one or several safetensors files (`model.safetensors` or the
-    shards named by `model.safetensors.index.json`, bf16 included) and the tokenizer when its files
-    are present (else tokenizer is None). `param_dtype` / `dtype` (default float32) set storage and
-    compute dtypes. Never touches the network. Raises `CheckpointError` on any inconsistency,
-    before a model is returned.
+    Reads config.json (a family in `bmrl.model.families`), one or several safetensors files
+    (`model.safetensors` or the shards named by `model.safetensors.index.json`, bf16 included) and
+    the tokenizer when its files are present (else tokenizer is None). `param_dtype` / `dtype`
+    (default float32) set storage and compute dtypes. Every file must lie inside `path` (no `..`,
+    absolute names or symlinks out); pickled weights are refused; NaN/inf weights are refused
+    unless `allow_nonfinite`. Never touches the network. Raises `CheckpointError` naming the file
+    on any inconsistency, before a model is returned.
     """
     path = Path(path)
     cfg = load_config(path, dtype=dtype, param_dtype=param_dtype)
-    model = load_model(path, cfg)
+    model = load_model(path, cfg, allow_nonfinite=allow_nonfinite)
     tokenizer = None
-    if any((path / name).is_file() for name in TOKENIZER_FILES):
+    present = [name for name in TOKENIZER_FILES if (path / name).is_file()]
+    if present:
         try:
             tokenizer = load_tokenizer(path)
         except Exception as e:
-            raise CheckpointError(f"Tokenizer files in {str(path)!r} could not be loaded: {e}") from e
+            raise CheckpointError(
+                f"Tokenizer files in {str(path)!r} ({', '.join(present)}) could not be loaded: {e}"
+            ) from e
+        if len(tokenizer) > cfg.vocab_size:  # ids past the embedding would be clamped silently under jit
+            raise CheckpointError(
+                f"The tokenizer in {str(path)!r} ({', '.join(present)}) has {len(tokenizer)} tokens, more than "
+                f"config.json's vocab_size={cfg.vocab_size}: save the model and tokenizer together."
+            )
     return model, tokenizer
 
 

@@ -1,0 +1,103 @@
+"""Model families as data: what Llama, Qwen2, ... change about the one decoder in `bmrl.model.decoder`.
+
+Every module of this package defines `FAMILY = Family(...)`; the registry below finds them by
+walking the package, so a family whose differences fit these fields (bias placement, tied
+embeddings, rope types, shape rules, Hugging Face class, tensor and config-key names) is one new
+file plus its parity test:
+  1. `bmrl/model/families/<name>.py` with `FAMILY = Family(model_type=..., config_class=..., ...)`;
+  2. its entry in `CASES` of `tests/test_model_parity.py` (logits vs transformers, both directions).
+A family that needs new arithmetic (e.g. Qwen3's q/k norms) also needs a decoder feature, switched
+on by a field here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import pkgutil
+from typing import Any
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorNames:
+    """Hugging Face tensor-name prefixes of the decoder's modules (`{i}` is the layer index).
+
+    Inside a layer the names are the decoder's own, which mirror HF's (`self_attn.q_proj`,
+    `mlp.gate_proj`, `input_layernorm`, ...).
+    """
+
+    embed_tokens: str = "model.embed_tokens"
+    norm: str = "model.norm"
+    lm_head: str = "lm_head"
+    layer: str = "model.layers.{i}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+    """One Hugging Face model family, as the fields where it differs from the others."""
+
+    model_type: str  # config.json "model_type"
+    config_class: str  # transformers config class, e.g. "LlamaConfig"
+    architecture: str  # config.json "architectures", e.g. "LlamaForCausalLM"
+    # q/k/v biases: True/False = fixed by the family (the config key is neither read nor written);
+    # None = config.json's `attention_bias` decides (absent: False).
+    attention_bias: bool | None = None
+    o_proj_bias: bool = False  # `attention_bias` biases o_proj too
+    tie_word_embeddings: bool = False  # default when the config does not say
+    hidden_divisible_by_heads: bool = False  # transformers requires hidden_size % num_attention_heads == 0
+    head_dim_is_hidden_over_heads: bool = False  # head_dim must equal hidden_size // num_attention_heads
+    rope_types: tuple[str, ...] = ("default", "llama3")  # rope_scaling types the HF class accepts
+    # config.json keys the decoder cannot honour: (key, the only value it runs, why).
+    unsupported: tuple[tuple[str, Any, str], ...] = ()
+    tensor_names: TensorNames = TensorNames()
+    ignored_tensors: tuple[str, ...] = ("rotary_emb.inv_freq",)  # buffers old exports carry; skipped
+
+    def problems(self, cfg: Any) -> list[str]:
+        """What `cfg` (a `ModelConfig` of this family) breaks of the family's rules, with the fix."""
+        problems = []
+        name, heads = self.model_type, cfg.num_attention_heads
+        if self.hidden_divisible_by_heads and cfg.hidden_size % heads:
+            problems.append(
+                f"hidden_size={cfg.hidden_size} is not a multiple of num_attention_heads={heads} "
+                f"(transformers' {self.config_class} requires it)"
+            )
+        if self.head_dim_is_hidden_over_heads and cfg.head_dim * heads != cfg.hidden_size:
+            problems.append(
+                f"{name} needs hidden_size == num_attention_heads * head_dim, got {cfg.hidden_size} != "
+                f"{heads} * {cfg.head_dim}"
+            )
+        if self.attention_bias is not None and bool(cfg.attention_bias) != self.attention_bias:
+            always = "always" if self.attention_bias else "never"
+            problems.append(f"{name} {always} has q/k/v biases: set attention_bias={self.attention_bias} (or None)")
+        return problems
+
+    def unsupported_features(self, get: Any) -> list[str]:
+        """The config keys (read with `get(key, default)`) set to values the decoder does not run."""
+        return [
+            f"{key}={get(key, ok)!r} ({why})" for key, ok, why in self.unsupported if get(key, ok) != ok
+        ]
+
+
+def _discover() -> dict[str, Family]:
+    families: dict[str, Family] = {}
+    for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
+        family = getattr(importlib.import_module(f"{__name__}.{info.name}"), "FAMILY", None)
+        if isinstance(family, Family):
+            if family.model_type in families:
+                raise RuntimeError(f"Two model families claim model_type {family.model_type!r}.")
+            families[family.model_type] = family
+    return families
+
+
+FAMILIES: dict[str, Family] = _discover()
+SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(sorted(FAMILIES))
+
+
+def get_family(model_type: str) -> Family | None:
+    """The family of a config.json `model_type`, or None when bmrl has none."""
+    return FAMILIES.get(model_type)
+
+
+def supported() -> str:
+    """The registered `model_type`s, for error messages ("llama, qwen2")."""
+    return ", ".join(sorted(FAMILIES))
