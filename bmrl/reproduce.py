@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from bmrl.config import Config, build, check_reproduce, save, to_dict
+from bmrl.eval import markdown
 from bmrl.eval.bootstrap import bootstrap_stat
 
 BASE = "base"
@@ -212,7 +213,7 @@ def summary_table(pooled: dict, names: list[str], ks: tuple[int, ...], ts: tuple
     k1 = ks.index(1)
     head = ["policy"] + [f"P@(1,{t})" for t in ts] + ["min_T P@(1,T)", "area", "decision acc", "probe acc",
                                                     "P(success|error)", "success w/ injected error"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines = []
     table = {}
     for name in names:
         p = pooled[name]
@@ -225,9 +226,9 @@ def summary_table(pooled: dict, names: list[str], ks: tuple[int, ...], ts: tuple
             row[key] = _mean(p[key], resamples, 12) if key in p else None
         cells = [name] + [f"{v:.3f}" for v in curve] + [f"{row['min_pass1']:.3f}", f"{row['area']:.3f}"]
         cells += [_plain(row[k]) if row[k] else "-" for k in ("decision_accuracy", "probe_accuracy_states", "recovery", "injected_success")]
-        lines.append("| " + " | ".join(cells) + " |")
+        lines.append(cells)
         table[name] = row
-    return "\n".join(lines), table
+    return markdown.table(head, lines), table
 
 
 # ---- the pipeline ---------------------------------------------------------------------------------

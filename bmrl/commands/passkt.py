@@ -262,7 +262,7 @@ def _plots(out, names, surfaces, diff, ks, ts) -> list[str]:
     if diff is not None:
         paths.append(plots.plot_difference_heatmap(
             diff.estimate, diff.lower, diff.upper, ks, ts, os.path.join(out, "difference_heatmap.png"),
-            title=f"Pass@(K,T): {names[1]} - {names[0]}", confidence=diff.confidence,
+            title=f"Pass@(K,T): {names[1]} - {names[0]}", confidence=diff.confidence, significant=diff.significant(),
         ))
     return paths
 
