@@ -166,7 +166,7 @@ def test_malformed_csv(tmp_path):
     with pytest.raises(LogFormatError, match=r"bad.csv:4: field 'attempt_id': attempt id repeats the one on line 2"):
         read_attempt_log(path)
     path.write_text("task_id,attempt_id,first_success_turn\na,1,99999999999\n")
-    with pytest.raises(LogFormatError, match=r"bad.csv:2: field 'first_success_turn': turn 99999999999 is too large"):
+    with pytest.raises(LogFormatError, match=r"bad.csv:2: field 'first_success_turn': turn 99999999999 is beyond the largest supported turn 1,000,000"):
         read_attempt_log(path)
     path.write_text("task_id,attempt_id,first_success_turn\n,0,1\n")
     with pytest.raises(LogFormatError, match=r"bad.csv:2: field 'task_id': missing"):
