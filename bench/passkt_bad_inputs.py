@@ -47,18 +47,26 @@ def fuzz_child(examples: int) -> None:
 
     @settings(max_examples=examples, derandomize=True, database=None, deadline=None, suppress_health_check=list(HealthCheck))
     @given(**mod.FUZZ)
-    def one(records, raw, as_csv):
+    def one(records, raw, as_csv, skip_bad):
         with tempfile.TemporaryDirectory() as root:
             path = mod.write_fuzz_log(root, records, raw, as_csv)
             try:
-                rc, err = mod._run_quiet(["passkt", path, "--out", os.path.join(root, "o"), "--no-plots", "--resamples", "20"])
+                rc, err = mod._run_quiet(mod.fuzz_args(path, root, skip_bad))
             except BaseException as e:  # noqa: BLE001 - counting crashes is the point
                 counts[f"crash {type(e).__name__}"] += 1
                 return
-            counts["accepted" if rc == 0 else "refused naming the file" if rc == 2 and path in err else f"exit {rc}"] += 1
+            kind = "accepted" if rc == 0 else "refused naming the file" if rc == 2 and path in err else f"exit {rc}"
+            counts[kind] += 1
+            if kind.startswith("exit") and len(examples) < 5:
+                examples.append(err.strip()[-200:])
 
+    examples: list[str] = []
     one()
-    print(json.dumps(dict(counts)))
+    import bmrl
+
+    for e in examples:
+        print("example:", e, file=sys.stderr)
+    print(json.dumps({**counts, "bmrl": os.path.dirname(bmrl.__file__)}))
 
 
 def main() -> None:
@@ -66,6 +74,7 @@ def main() -> None:
     p.add_argument("--checkout", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
     p.add_argument("--timeout", type=float, default=120.0)
     p.add_argument("--fuzz", type=int, default=300, help="fuzzed logs (0 = none)")
+    p.add_argument("--fuzz-only", action="store_true", help="skip the table of cases")
     p.add_argument("--fuzz-child", type=int, default=0, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.fuzz_child:
@@ -74,12 +83,12 @@ def main() -> None:
     mod = _load_tests()
     CASES, expected_text, materialize = mod.CASES, mod.expected_text, mod.materialize
     outcomes: dict[str, str] = {}
-    for case in CASES:
+    for case in [] if args.fuzz_only else CASES:
         with tempfile.TemporaryDirectory() as root:
             argv, first = materialize(case, root)
             try:
                 r = subprocess.run([sys.executable, "-m", "bmrl", *argv], capture_output=True, text=True, env=env,
-                                   timeout=args.timeout, preexec_fn=_limit)
+                                   timeout=args.timeout, preexec_fn=_limit, cwd=os.path.abspath(args.checkout))
                 err = r.stderr
                 if r.returncode == 2 and "Traceback" not in err and expected_text(case, first) in err:
                     outcome = "clean"
@@ -99,9 +108,10 @@ def main() -> None:
     fuzz = {}
     if args.fuzz:
         r = subprocess.run([sys.executable, os.path.abspath(__file__), "--fuzz-child", str(args.fuzz)], capture_output=True,
-                           text=True, env=env, preexec_fn=_limit, timeout=max(args.timeout, 20 * args.fuzz))
+                           text=True, env=env, preexec_fn=_limit, timeout=max(args.timeout, 20 * args.fuzz),
+                           cwd=os.path.abspath(args.checkout))
         fuzz = json.loads(r.stdout.strip().splitlines()[-1]) if r.returncode == 0 else {"error": r.stderr[-300:]}
-        print(f"fuzz: {fuzz}")
+        print(f"fuzz: {fuzz}\n{r.stderr[-1500:]}")
     print(json.dumps({"checkout": os.path.abspath(args.checkout), "cases": len(outcomes), "clean": clean,
                       "crash_or_timeout": crashes, "other": len(outcomes) - clean - crashes, "fuzz": fuzz}))
 

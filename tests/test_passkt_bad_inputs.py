@@ -183,7 +183,17 @@ _json_scalar = st.one_of(
 )
 _json_value = st.recursive(_json_scalar, lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=4), c, max_size=3), max_leaves=8)
 _field_names = st.sampled_from(["task_id", "attempt_id", "first_success_turn", "turn_success", "success", "turns", "budget_visible", "x"])
-_record = st.dictionaries(_field_names, _json_value, max_size=6)
+_random_record = st.dictionaries(_field_names, _json_value, max_size=6)
+_near_valid_record = st.fixed_dictionaries(
+    {"task_id": st.sampled_from(["a", "b", "c", 7]) | _json_scalar},
+    optional={
+        "attempt_id": st.integers(0, 3) | _json_scalar,
+        "first_success_turn": st.integers(0, 12) | st.lists(st.integers(0, 12), max_size=4) | _json_value,
+        "turn_success": st.lists(st.booleans(), max_size=6) | _json_value,
+        "success": st.booleans(), "turns": st.integers(0, 12) | _json_scalar, "budget_visible": st.booleans() | _json_scalar,
+    },
+)
+_record = _near_valid_record | _random_record
 
 
 def _run_quiet(args) -> tuple[int, str]:
@@ -196,6 +206,10 @@ def _run_quiet(args) -> tuple[int, str]:
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
         rc = main(args)
     return rc, err.getvalue()
+
+
+def fuzz_args(path: str, root: str, skip_bad: bool) -> list[str]:
+    return ["passkt", path, "--out", os.path.join(root, "o"), "--no-plots", "--resamples", "20", *(["--skip-bad"] if skip_bad else [])]
 
 
 def write_fuzz_log(root: str, records: list[dict], raw: list[bytes], as_csv: bool) -> str:
@@ -216,17 +230,18 @@ def write_fuzz_log(root: str, records: list[dict], raw: list[bytes], as_csv: boo
     return path
 
 
-FUZZ = dict(records=st.lists(_record, min_size=1, max_size=6), raw=st.lists(st.binary(max_size=12), max_size=2), as_csv=st.booleans())
+FUZZ = dict(records=st.lists(_record, min_size=1, max_size=8), raw=st.lists(st.binary(max_size=12), max_size=2),
+            as_csv=st.booleans(), skip_bad=st.booleans())
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(**FUZZ)
-def test_fuzzed_records_exit_0_or_2_naming_the_file(records, raw, as_csv):
-    """Arbitrary JSON records (any field, any value) and raw byte lines: exit 0, or exit 2 with a
-    message that names the log; never a traceback (exit 1)."""
+def test_fuzzed_records_exit_0_or_2_naming_the_file(records, raw, as_csv, skip_bad):
+    """Near-valid and arbitrary JSON records (any field, any value) and raw byte lines, with and
+    without --skip-bad: exit 0, or exit 2 with a message that names the log; never a traceback."""
     with tempfile.TemporaryDirectory() as root:
         path = write_fuzz_log(root, records, raw, as_csv)
-        rc, err = _run_quiet(["passkt", path, "--out", os.path.join(root, "o"), "--no-plots", "--resamples", "20"])
+        rc, err = _run_quiet(fuzz_args(path, root, skip_bad))
         assert rc in (0, 2), err
         if rc == 2:
             assert path in err and "Traceback" not in err, err
