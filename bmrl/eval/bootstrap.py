@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 MIN_UNITS_FOR_SIGNIFICANCE = 10  # below this many tasks an interval is reported but never called significant
-_CELLS = 1 << 22  # numbers drawn per chunk of resamples (32 MiB of int64 indices)
+_CELLS = 1 << 21  # numbers drawn per chunk of resamples (16 MiB of int64 indices)
 
 
 @dataclasses.dataclass(frozen=True)

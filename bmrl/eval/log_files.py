@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import gzip
+import io
 import json
 import zlib
 from collections.abc import Iterator
@@ -43,9 +44,9 @@ def detect_format(path: str) -> str:
 def lines(path: str) -> Iterator[tuple[int, str | LogFormatError]]:
     """(line number, text) of every line, decoded one line at a time so that a bad byte is reported
     on its own line. A truncated or corrupt .gz archive is refused whole (never half read)."""
-    opener = gzip.open if path.endswith(".gz") else open
     line_no = 0
-    with opener(path, "rb") as f:
+    with open(path, "rb") as plain, (gzip.GzipFile(fileobj=plain) if path.endswith(".gz") else plain) as raw_file:
+        f = io.BufferedReader(raw_file, 1 << 20) if raw_file is not plain else plain
         while True:
             try:
                 raw = f.readline(MAX_LINE_BYTES + 1)
