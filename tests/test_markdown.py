@@ -17,8 +17,7 @@ _SEPARATOR_CELL = re.compile(r"^\s*:?-+:?\s*$")
 def split_row(line: str) -> list[str]:
     """GFM cell split: `|` delimits unless escaped (`\\|`); a backslash escapes the next character."""
     s = line.strip()
-    if s.startswith("|"):
-        s = s[1:]
+    s = s.removeprefix("|")
     cells, cur, i = [], "", 0
     while i < len(s):
         ch = s[i]
@@ -161,8 +160,8 @@ def test_write_report_tables_parse(tiny_tokenizer, tmp_path):
         for name, p in (("noisy", make_noisy_oracle(0.4)), ("oracle", oracle_policy))
     }
     paths, _ = write_report(tmp_path, results, baseline="noisy", plot=False, settings={"note": "a|b"})
-    text = open(paths["report"]).read()
-    tables = gfm_tables(text)
+    with open(paths["report"]) as f:
+        tables = gfm_tables(f.read())
     # settings, summary, per policy (surface, metrics, recovery), paired (surface, metrics)
     assert len(tables) == 1 + 1 + 2 * 3 + 2
     summary = tables[1]

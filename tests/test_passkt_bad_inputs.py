@@ -133,7 +133,7 @@ CASES: list[tuple[str, dict[str, bytes], list[str], str]] = [
 
 def materialize(case, root: str) -> tuple[list[str], str]:
     """Write the case's files under root; (CLI arguments, the path of the first log)."""
-    name, files, extra, _ = case
+    _, files, extra, _ = case
     for fname, data in files.items():
         with open(os.path.join(root, fname), "wb") as f:
             f.write(data)
@@ -174,8 +174,8 @@ def test_bad_input_exit_2_names_file_and_line(case, tmp_path, capsys):
 # ---- fuzzing ---------------------------------------------------------------------------------------
 
 hypothesis = pytest.importorskip("hypothesis")
-from hypothesis import HealthCheck, given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 _json_scalar = st.one_of(
     st.none(), st.booleans(), st.integers(-(2**80), 2**80), st.floats(allow_nan=True, allow_infinity=True),

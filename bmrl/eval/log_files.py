@@ -33,7 +33,7 @@ class LogFormatError(ValueError):
 
 def detect_format(path: str) -> str:
     """'jsonl' or 'csv' from the file name (a trailing .gz is ignored)."""
-    name = path[:-3] if path.endswith(".gz") else path
+    name = path.removesuffix(".gz")
     if name.endswith(".csv"):
         return "csv"
     if name.endswith(JSONL_SUFFIXES):

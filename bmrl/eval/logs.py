@@ -25,7 +25,13 @@ from typing import Any
 
 import numpy as np
 
-from bmrl.eval.log_files import JSONL_SUFFIXES, LogFormatError, detect_format, iter_csv, iter_jsonl
+from bmrl.eval.log_files import (
+    JSONL_SUFFIXES,
+    LogFormatError,
+    detect_format,
+    iter_csv,
+    iter_jsonl,
+)
 
 __all__ = ["JSONL_SUFFIXES", "MAX_TURN", "AttemptLog", "LogFields", "LogFormatError", "detect_format", "read_attempt_log"]
 
