@@ -27,6 +27,8 @@ from typing import Any
 import numpy as np
 
 from bmrl.config import Config, build, check_reproduce, save, to_dict
+from bmrl.eval import markdown
+from bmrl.eval.bootstrap import bootstrap_stat
 
 BASE = "base"
 
@@ -56,16 +58,11 @@ def _run_stage(name: str, fn: Callable[[Config], dict], cfg: Config, log: Callab
 # ---- statistics over pooled (seed, task) units ------------------------------------------------------
 
 
-def _boot(stat: Callable[..., np.ndarray], *arrays: np.ndarray, resamples: int, seed: int, confidence: float = 0.95):
-    """(value, lower, upper) of `stat(*arrays)`, resampling units (axis 0 of every array) jointly."""
-    value = np.asarray(stat(*arrays), float)
-    n = arrays[0].shape[0]
-    rng = np.random.default_rng(seed)
-    draws = np.stack([np.asarray(stat(*(a[idx] for a in arrays)), float)
-                      for idx in rng.integers(0, n, size=(max(resamples, 1), n))])
-    alpha = (1 - confidence) / 2
-    lo, hi = np.quantile(draws, [alpha, 1 - alpha], axis=0)
-    return value, lo, hi
+def _boot(stat: Callable[..., np.ndarray], *arrays: np.ndarray, resamples: int, seed: int, confidence: float = 0.95,
+          groups: np.ndarray | None = None):
+    """(value, lower, upper) of `stat(*arrays)`, resampling units (axis 0 of every array) jointly;
+    with `groups` (the seed of each unit) seeds first, then tasks within seed (`bmrl.eval.bootstrap`)."""
+    return bootstrap_stat(stat, *arrays, groups=groups, key=seed, num_resamples=max(resamples, 10), confidence=confidence)
 
 
 def _paired_mean(a: np.ndarray, b: np.ndarray, resamples: int, seed: int) -> dict:
@@ -216,7 +213,7 @@ def summary_table(pooled: dict, names: list[str], ks: tuple[int, ...], ts: tuple
     k1 = ks.index(1)
     head = ["policy"] + [f"P@(1,{t})" for t in ts] + ["min_T P@(1,T)", "area", "decision acc", "probe acc",
                                                     "P(success|error)", "success w/ injected error"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines = []
     table = {}
     for name in names:
         p = pooled[name]
@@ -229,9 +226,9 @@ def summary_table(pooled: dict, names: list[str], ks: tuple[int, ...], ts: tuple
             row[key] = _mean(p[key], resamples, 12) if key in p else None
         cells = [name] + [f"{v:.3f}" for v in curve] + [f"{row['min_pass1']:.3f}", f"{row['area']:.3f}"]
         cells += [_plain(row[k]) if row[k] else "-" for k in ("decision_accuracy", "probe_accuracy_states", "recovery", "injected_success")]
-        lines.append("| " + " | ".join(cells) + " |")
+        lines.append(cells)
         table[name] = row
-    return "\n".join(lines), table
+    return markdown.table(head, lines), table
 
 
 # ---- the pipeline ---------------------------------------------------------------------------------

@@ -40,6 +40,7 @@ import yaml
 
 from bmrl import config as config_lib
 from bmrl.config import Config, ConfigError
+from bmrl.eval import markdown
 
 # name -> "module:function" (imported when a sweep uses it) or a callable; each takes a validated
 # Config, writes cfg.out_dir/summary.json and returns the summary dict. `eval` and `reproduce` name the
@@ -404,10 +405,7 @@ def summary_table(sweep: Sweep, results: list[RunResult]) -> tuple[str, list[lis
         rows.append([run.name, r.status if r else "pending", *values, *(m.get(c, "") for c in columns)])
     out = io.StringIO()
     out.write(f"# Sweep {os.path.basename(sweep.path)}: {sweep.spec.command}, {len(sweep.runs)} runs\n\n")
-    out.write("| " + " | ".join(header) + " |\n|" + "---|" * len(header) + "\n")
-    for row in rows[1:]:
-        cells = [_cell(v) if not isinstance(v, str) else v for v in row]
-        out.write("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |\n")
+    out.write(markdown.table(header, [[_cell(v) if not isinstance(v, str) else v for v in row] for row in rows[1:]]) + "\n")
     failed = [r for r in results if r.status == "failed"]
     if failed:
         out.write("\nFailed runs (tracebacks in each run's error.txt):\n\n")

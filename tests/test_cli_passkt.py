@@ -140,3 +140,36 @@ def test_csv_with_custom_fields(tmp_path):
 def test_command_module_import_is_light():
     code = "import sys, bmrl.commands.passkt; assert 'jax' not in sys.modules and 'matplotlib' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_fewer_than_10_tasks_are_never_called_significant(tmp_path, capsys):
+    """3 tasks where b always succeeds and a never: a zero-width interval, yet not 'significant'."""
+    pa, pb = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    for path, turn in ((pa, 0), (pb, 1)):
+        path.write_text("".join(json.dumps({"task_id": f"t{t}", "attempt_id": i, "first_success_turn": turn}) + "\n"
+                                for t in range(3) for i in range(2)))
+    out = tmp_path / "out"
+    assert main(["passkt", str(pa), str(pb), "--out", str(out), "--no-plots", "--resamples", "50", "--production-cap", "1"]) == 0
+    printed = capsys.readouterr().out
+    assert "no difference is called significant: only 3 task(s), fewer than 10" in printed
+    result = json.loads((out / "passkt.json").read_text())
+    diff = result["paired"]["surface"]
+    assert diff["lower"] == diff["upper"] == [[1.0], [1.0]]  # zero width
+    assert "fewer than 10" in result["paired"]["significance"]
+    assert any("(not significant at 95%)" in s for s in result["audit"])
+    report = (out / "report.md").read_text()
+    assert "**" not in report and "fewer than 10" in report
+
+
+def test_default_ts_is_bounded_by_the_data_and_a_fixed_size(tmp_path):
+    from bmrl.commands.passkt import DEFAULT_TS_POINTS, default_ts
+
+    assert default_ts(7) == list(range(1, 8))
+    grid = default_ts(1_000_000)
+    assert len(grid) <= DEFAULT_TS_POINTS + 1 and grid[0] == 1 and grid[-1] == 1_000_000 and grid == sorted(set(grid))
+    path = tmp_path / "long.jsonl"
+    path.write_text("".join(json.dumps({"task_id": f"t{t}", "first_success_turn": 10**6 if t % 2 else 3}) + "\n" for t in range(20)))
+    out = tmp_path / "out"
+    assert main(["passkt", str(path), "--out", str(out), "--no-plots", "--resamples", "20"]) == 0
+    result = json.loads((out / "passkt.json").read_text())
+    assert result["ts"] == grid and result["runs"]["long"]["surface"]["estimate"][0][-1] == 1.0

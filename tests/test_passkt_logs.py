@@ -166,7 +166,7 @@ def test_malformed_csv(tmp_path):
     with pytest.raises(LogFormatError, match=r"bad.csv:4: field 'attempt_id': attempt id repeats the one on line 2"):
         read_attempt_log(path)
     path.write_text("task_id,attempt_id,first_success_turn\na,1,99999999999\n")
-    with pytest.raises(LogFormatError, match=r"bad.csv:2: field 'first_success_turn': turn 99999999999 is too large"):
+    with pytest.raises(LogFormatError, match=r"bad.csv:2: field 'first_success_turn': turn 99999999999 is beyond the largest supported turn 1,000,000"):
         read_attempt_log(path)
     path.write_text("task_id,attempt_id,first_success_turn\n,0,1\n")
     with pytest.raises(LogFormatError, match=r"bad.csv:2: field 'task_id': missing"):
@@ -200,3 +200,51 @@ def test_empty_log_and_unknown_format(tmp_path):
         read_attempt_log(path)
     with pytest.raises(ValueError, match="unknown log format"):
         read_attempt_log(tmp_path / "log.txt")
+
+
+def test_per_task_in_power_of_two_groups_equals_the_padded_estimator():
+    """Ragged attempt counts (1..9 and 16, across power-of-two boundaries), tiny calls to force chunks."""
+    from bmrl.eval.logs import AttemptLog
+    from bmrl.eval.passkt import pass_at_kt_per_task
+
+    rng = np.random.default_rng(7)
+    n_i = rng.integers(1, 10, 23).astype(np.int32)
+    n_i[:3] = [1, 2, 16]
+    turns = np.where(rng.random(n_i.sum()) < 0.4, rng.integers(1, 20, n_i.sum()), 0).astype(np.int32)
+    log = AttemptLog("mem", [f"t{i}" for i in range(len(n_i))], turns, n_i, len(turns), len(turns), 0, [], [], False, 19)
+    ks, ts = [1], [1, 5, 19]
+    want = pass_at_kt_per_task(log.first_success_turn, ks, ts, n_per_task=n_i)
+    for cells in (1 << 20, 1):
+        np.testing.assert_allclose(log.per_task(ks, ts, cells_per_call=cells), want, atol=1e-12)
+
+
+def test_streaming_memory_is_bounded_for_large_and_lopsided_logs(tmp_path):
+    """tracemalloc peak while reading 3*10^4 attempts: fixed buffers + ~60 bytes per attempt; a task with 10^5
+    attempts next to 2,000 one-attempt tasks costs its attempts, not the 2*10^8 cells of a padded
+    [tasks, max attempts] matrix (800 MB)."""
+    import tracemalloc
+
+    from bmrl.eval.logs import read_attempt_log
+
+    big = tmp_path / "big.jsonl.gz"
+    with gzip.open(big, "wt") as f:
+        for t in range(300):
+            for a in range(100):
+                f.write(f'{{"task_id": "task-{t}", "attempt_id": {a}, "first_success_turn": {(t * a) % 13}}}\n')
+    lopsided = tmp_path / "lopsided.jsonl"
+    with open(lopsided, "w") as f:
+        f.write(json.dumps({"task_id": "many", "first_success_turn": [(i % 7) for i in range(100_000)]}) + "\n")
+        for t in range(2000):
+            f.write(json.dumps({"task_id": f"one-{t}", "first_success_turn": t % 5}) + "\n")
+    peaks = {}
+    for path in (big, lopsided):
+        read_attempt_log(path).per_task([1], [1, 6, 12])  # compile first: only the data is measured
+        tracemalloc.start()
+        log = read_attempt_log(path)
+        per_task = log.per_task([1], [1, 6, 12])
+        peaks[path.name] = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        assert per_task.shape == (len(log.task_ids), 1, 3)
+    assert peaks["big.jsonl.gz"] < 4e6 + 100 * 30_000, peaks  # measured 3.1 MB: 1 MiB read buffer + ~60 bytes per attempt
+    assert peaks["lopsided.jsonl"] < 20e6, peaks  # measured 4.3 MB
+    np.testing.assert_allclose(per_task[0, 0], [1 / 7, 6 / 7, 6 / 7], atol=1e-4)

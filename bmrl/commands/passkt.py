@@ -21,8 +21,17 @@ ESTIMATOR = (
 )
 
 
-def parse_int_list(text: str, name: str) -> list[int]:
-    """'1,2,4-8' -> [1, 2, 4, 5, 6, 7, 8] (sorted, unique)."""
+MAX_GRID_POINTS = 4096  # values of --ks or --ts
+DEFAULT_TS_POINTS = 128  # the default T grid: every turn up to this many, else log-spaced
+MAX_RESAMPLES = 100_000
+MAX_SURFACE_VALUES = 1 << 26  # tasks x len(ks) x len(ts) floats held at once (512 MiB)
+MAX_DRAW_VALUES = 1 << 26  # resamples x len(ks) x len(ts) floats held at once
+
+
+def parse_int_list(text: str, name: str, maximum: int | None = None, max_count: int = MAX_GRID_POINTS) -> list[int]:
+    """'1,2,4-8' -> [1, 2, 4, 5, 6, 7, 8] (sorted, unique); at most `max_count` values, each <= `maximum`.
+
+    Sizes are checked before a range is expanded, so '1-1000000000' is refused, not built."""
     values: set[int] = set()
     for part in text.split(","):
         part = part.strip()
@@ -34,16 +43,30 @@ def parse_int_list(text: str, name: str) -> list[int]:
                 a, b = int(lo), int(hi)
                 if b < a:
                     raise ValueError
-                values.update(range(a, b + 1))
             else:
-                values.add(int(part))
+                a = b = int(part)
         except ValueError:
             raise ValueError(f"{name}: cannot read {part!r}; use integers and ranges like 1,2,4-8.") from None
+        if a < 1:
+            raise ValueError(f"{name}: values must be >= 1, got {a}.")
+        if maximum is not None and b > maximum:
+            raise ValueError(f"{name}: {b} is beyond the largest supported value {maximum:,}.")
+        if b - a + 1 + len(values) > max_count:
+            raise ValueError(f"{name}: more than {max_count} values ({part!r}); pick a coarser grid, e.g. 1-64,128,256.")
+        values.update(range(a, b + 1))
     if not values:
         raise ValueError(f"{name}: empty list.")
-    if min(values) < 1:
-        raise ValueError(f"{name}: values must be >= 1, got {min(values)}.")
     return sorted(values)
+
+
+def default_ts(max_turn: int) -> list[int]:
+    """1..max_turn when that is at most DEFAULT_TS_POINTS values, else DEFAULT_TS_POINTS log-spaced
+    turns from 1 to max_turn (both included): the grid is bounded by the data and by a fixed size."""
+    if max_turn <= DEFAULT_TS_POINTS:
+        return list(range(1, max_turn + 1))
+    import numpy as np
+
+    return sorted({int(t) for t in np.round(np.geomspace(1, max_turn, DEFAULT_TS_POINTS))} | {max_turn})
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -118,20 +141,35 @@ def run(args: argparse.Namespace) -> int:
         return 2
 
 
-def _run(args: argparse.Namespace, fields: Any) -> int:
-    import numpy as np
-
-    from bmrl.eval.logs import read_attempt_log
+def _check_args(args: argparse.Namespace) -> None:
+    """Refuse bad arguments before any log is read."""
+    from bmrl.eval.logs import MAX_TURN
 
     if len(args.logs) > 2:
         raise ValueError(f"give one or two logs, got {len(args.logs)}.")
+    if args.resamples != 0 and not 10 <= args.resamples <= MAX_RESAMPLES:
+        raise ValueError(f"--resamples must be 0 (no intervals) or 10..{MAX_RESAMPLES:,}, got {args.resamples}.")
+    if not 0.0 < args.confidence < 1.0:
+        raise ValueError(f"--confidence must be in (0, 1), e.g. 0.95, got {args.confidence}.")
+    if args.production_cap is not None and not 1 <= args.production_cap <= MAX_TURN:
+        raise ValueError(f"--production-cap must be in 1..{MAX_TURN:,}, got {args.production_cap}.")
+
+
+def _run(args: argparse.Namespace, fields: Any) -> int:
+    import numpy as np
+
+    from bmrl.eval.logs import MAX_TURN, read_attempt_log
+
+    _check_args(args)
     names = _run_names(args)
+    ks_arg = parse_int_list(args.ks, "--ks", maximum=MAX_TURN) if args.ks else None
+    ts_arg = parse_int_list(args.ts, "--ts", maximum=MAX_TURN) if args.ts else None
     fmt = None if args.format == "auto" else args.format
     logs = [read_attempt_log(p, fields, fmt=fmt, skip_bad=args.skip_bad) for p in args.logs]
 
     n_min = min(int(log.n_per_task.min()) for log in logs)
-    if args.ks:
-        ks = parse_int_list(args.ks, "--ks")
+    if ks_arg:
+        ks = ks_arg
         for name, log in zip(names, logs):
             short = log.n_per_task < max(ks)
             if short.any():
@@ -144,33 +182,43 @@ def _run(args: argparse.Namespace, fields: Any) -> int:
     else:
         ks = [2**i for i in range(12) if 2**i <= n_min]
     max_turn = max(max(log.max_turn for log in logs), 1)
-    ts = parse_int_list(args.ts, "--ts") if args.ts else list(range(1, max_turn + 1))
+    ts = ts_arg or default_ts(max_turn)
     cap = args.production_cap
     if cap is not None:
-        if cap < 1:
-            raise ValueError(f"--production-cap must be >= 1, got {cap}.")
         if cap > max(ts):
             raise ValueError(
                 f"--production-cap {cap} is beyond the largest T on the grid ({max(ts)}); the logs cannot say "
                 "what happens there. Raise --ts or lower the cap."
             )
         ts = sorted(set(ts) | {cap})
+    cells = len(ks) * len(ts)
+    tasks = max(len(log.task_ids) for log in logs)
+    if tasks * cells > MAX_SURFACE_VALUES or args.resamples * cells > MAX_DRAW_VALUES:
+        raise ValueError(
+            f"the grid --ks ({len(ks)} values) x --ts ({len(ts)} values) is too large for {tasks:,} tasks and "
+            f"{args.resamples:,} resamples: it needs {tasks * cells:,} per-task and {args.resamples * cells:,} resampled "
+            f"values (limits {MAX_SURFACE_VALUES:,} and {MAX_DRAW_VALUES:,}); choose fewer K or T values."
+        )
 
-    os.makedirs(args.out, exist_ok=True)
-    result, report, written = _analyse(args, names, logs, ks, ts, cap)
-    path = os.path.join(args.out, "passkt.json")
-    with open(path, "w") as f:
-        json.dump(result, f, indent=1)
-    written.append(path)
-    path = os.path.join(args.out, "report.md")
-    with open(path, "w") as f:
-        f.write(report)
-    written.append(path)
+    result, report, tables, surfaces, diff = _analyse(args, names, logs, ks, ts, cap)
+    os.makedirs(args.out, exist_ok=True)  # only now: bad input leaves nothing behind
+    written = []
+    for fname, (header, rows) in tables.items():
+        written.append(os.path.join(args.out, fname))
+        _write_csv(written[-1], header, rows)
+    if not args.no_plots:
+        written += _plots(args.out, names, surfaces, diff, ks, ts)
+    for fname, text in (("passkt.json", json.dumps(result, indent=1)), ("report.md", report)):
+        written.append(os.path.join(args.out, fname))
+        with open(written[-1], "w") as f:
+            f.write(text)
 
     for warning in result["warnings"]:
         print(warning, file=sys.stderr)
     for sentence in result["audit"]:
         print(sentence)
+    if diff is not None and diff.significance_note():
+        print(f"{names[1]} - {names[0]}: {diff.significance_note()}")
     for name in names:
         run_info = result["runs"][name]
         print(
@@ -181,21 +229,20 @@ def _run(args: argparse.Namespace, fields: Any) -> int:
     return 0
 
 
-def _analyse(args, names, logs, ks, ts, cap) -> tuple[dict, str, list[str]]:
+def _analyse(args, names, logs, ks, ts, cap) -> tuple[dict, str, dict, dict, Any]:
+    """(passkt.json data, report.md text, CSV tables by file name, surfaces, paired difference)."""
     from bmrl.eval import audit
-    from bmrl.eval.bootstrap import bootstrap_pass_at_kt, paired_difference
+    from bmrl.eval.bootstrap import surface_interval
 
-    out, written = args.out, []
     boot = dict(num_resamples=args.resamples, confidence=args.confidence)
-    surfaces = {}
+    surfaces, tables, per_task = {}, {}, {}
     result: dict[str, Any] = {"estimator": ESTIMATOR, "ks": ks, "ts": ts, "runs": {}, "audit": [], "warnings": []}
     for i, (name, log) in enumerate(zip(names, logs)):
-        s = bootstrap_pass_at_kt(log.first_success_turn, ks, ts, n_per_task=log.n_per_task, key=args.seed + i, **boot)
+        per_task[name] = log.per_task(ks, ts)
+        s = surface_interval(per_task[name], ks, ts, key=args.seed + i, **boot)
         surfaces[name] = s
         result["runs"][name] = {**log.summary(), "surface": s.to_dict()}
-        path = os.path.join(out, f"surface_{name}.csv")
-        _write_csv(path, ["k", "t", "estimate", "lower", "upper"], audit.surface_rows(s))
-        written.append(path)
+        tables[f"surface_{name}.csv"] = (["k", "t", "estimate", "lower", "upper"], audit.surface_rows(s))
         if log.skipped_records:
             result["warnings"].append(f"{name}: skipped {log.skipped_records} malformed records of {log.path}.")
         if log.empty_tasks:
@@ -212,11 +259,10 @@ def _analyse(args, names, logs, ks, ts, cap) -> tuple[dict, str, list[str]]:
     diff = None
     if len(logs) == 2:
         a, b = logs
-        index_b = b.task_index()
+        index_a, index_b = a.task_index(), b.task_index()
         shared = [t for t in a.task_ids if t in index_b]
-        shared_set = set(shared)
         only_a = [t for t in a.task_ids if t not in index_b]
-        only_b = [t for t in b.task_ids if t not in shared_set]
+        only_b = [t for t in b.task_ids if t not in index_a]
         result["unmatched_tasks"] = {names[0]: only_a, names[1]: only_b}
         if only_a or only_b:
             result["warnings"].append(
@@ -225,16 +271,13 @@ def _analyse(args, names, logs, ks, ts, cap) -> tuple[dict, str, list[str]]:
             )
         if not shared:
             raise ValueError(f"{a.path} and {b.path} share no task ids: nothing to pair.")
-        rows_a = [a.task_index()[t] for t in shared]
+        rows_a = [index_a[t] for t in shared]
         rows_b = [index_b[t] for t in shared]
-        diff = paired_difference(
-            b.first_success_turn[rows_b], a.first_success_turn[rows_a], ks, ts,
-            n_per_task_a=b.n_per_task[rows_b], n_per_task_b=a.n_per_task[rows_a], key=args.seed + 100, **boot,
-        )
-        result["paired"] = {"difference": f"{names[1]} - {names[0]}", "shared_tasks": len(shared), "surface": diff.to_dict()}
-        path = os.path.join(out, "difference.csv")
-        _write_csv(path, ["k", "t", "difference", "lower", "upper"], audit.surface_rows(diff))
-        written.append(path)
+        # Paired: the same resampled tasks for both runs, i.e. the bootstrap of the per-task difference.
+        diff = surface_interval(per_task[names[1]][rows_b] - per_task[names[0]][rows_a], ks, ts, key=args.seed + 100, **boot)
+        result["paired"] = {"difference": f"{names[1]} - {names[0]}", "shared_tasks": len(shared), "surface": diff.to_dict(),
+                            "significance": diff.significance_note() or "cells whose interval excludes 0 are significant"}
+        tables["difference.csv"] = (["k", "t", "difference", "lower", "upper"], audit.surface_rows(diff))
 
     if cap is not None:
         for name in names:
@@ -242,10 +285,7 @@ def _analyse(args, names, logs, ks, ts, cap) -> tuple[dict, str, list[str]]:
         if diff is not None:
             result["audit"] += audit.paired_audit(names[1], names[0], diff, cap)
         result["production_cap"] = cap
-
-    if not args.no_plots:
-        written += _plots(out, names, surfaces, diff, ks, ts)
-    return result, _report(names, logs, surfaces, diff, result, cap), written
+    return result, _report(names, logs, surfaces, diff, result, cap), tables, surfaces, diff
 
 
 def _plots(out, names, surfaces, diff, ks, ts) -> list[str]:
@@ -262,7 +302,7 @@ def _plots(out, names, surfaces, diff, ks, ts) -> list[str]:
     if diff is not None:
         paths.append(plots.plot_difference_heatmap(
             diff.estimate, diff.lower, diff.upper, ks, ts, os.path.join(out, "difference_heatmap.png"),
-            title=f"Pass@(K,T): {names[1]} - {names[0]}", confidence=diff.confidence,
+            title=f"Pass@(K,T): {names[1]} - {names[0]}", confidence=diff.confidence, significant=diff.significant(),
         ))
     return paths
 
@@ -296,7 +336,8 @@ def _report(names, logs, surfaces, diff, result, cap) -> str:
     if diff is not None:
         lines += [
             f"## Paired difference: {names[1]} - {names[0]}", "",
-            f"On the {diff.num_tasks} shared tasks; bold cells: the interval excludes 0.", "",
+            f"On the {diff.num_tasks} shared tasks; "
+            + (diff.significance_note() or "bold cells: the interval excludes 0 (significant)."), "",
             audit.markdown_surface_table(diff, shown, signed=True), "",
             "![difference](difference_heatmap.png)", "",
         ]

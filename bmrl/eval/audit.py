@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from bmrl.eval import markdown
+
 if TYPE_CHECKING:
     from bmrl.eval.bootstrap import SurfaceInterval
 
@@ -58,16 +60,19 @@ def paired_audit(
 ) -> list[str]:
     """Does the gain of run a over run b (difference = a - b) at the largest T survive at the cap?
 
-    "Significant" means the bootstrap interval of the paired difference excludes zero.
+    "Significant" means the bootstrap interval of the paired difference excludes zero and there
+    are enough tasks to say so (`SurfaceInterval.significant`); otherwise the first sentence says why not.
     """
     largest = _check_cap(difference, production_cap)
     pct = int(round(100 * difference.confidence))
-    out = []
+    sig = difference.significant()
+    note = difference.significance_note()
+    out = [note[0].upper() + note[1:]] if note else []
     for k in ks or difference.ks:
         d_big, lo_big, hi_big = difference.cell(k, largest)
         d_cap, lo_cap, hi_cap = difference.cell(k, production_cap)
-        sig_big = lo_big > 0 or hi_big < 0
-        sig_cap = lo_cap > 0 or hi_cap < 0
+        sig_big = bool(sig[difference.ks.index(k), difference.ts.index(largest)])
+        sig_cap = bool(sig[difference.ks.index(k), difference.ts.index(production_cap)])
         at_big = f"{_fmt(d_big, lo_big, hi_big, True)} at T={largest}"
         at_cap = f"{_fmt(d_cap, lo_cap, hi_cap, True)} at the production cap T={production_cap}"
         metric = f"Pass@({k},T)"
@@ -123,26 +128,23 @@ def budget_visibility_warning(names: Sequence[str]) -> str:
 def markdown_surface_table(surface: SurfaceInterval, ts: Sequence[int] | None = None, signed: bool = False) -> str:
     """A markdown table: one row per T, one column per K, cells 'estimate [lower, upper]'.
 
-    Cells whose interval excludes 0 are bolded when `signed` (differences)."""
+    Cells called significant (`SurfaceInterval.significant`) are bolded when `signed` (differences)."""
     ts = list(ts or surface.ts)
-    head = "| T | " + " | ".join(f"K={k}" for k in surface.ks) + " |"
-    rule = "|---:|" + "---:|" * len(surface.ks)
-    rows = [head, rule]
+    sig = surface.significant()
+    rows = []
     for t in ts:
-        cells = []
+        cells: list[object] = [t]
         for k in surface.ks:
             est, lo, hi = surface.cell(k, t)
             text = _fmt(est, lo, hi, signed)
-            cells.append(f"**{text}**" if signed and (lo > 0 or hi < 0) else text)
-        rows.append(f"| {t} | " + " | ".join(cells) + " |")
-    return "\n".join(rows)
+            cells.append(f"**{text}**" if signed and sig[surface.ks.index(k), surface.ts.index(t)] else text)
+        rows.append(cells)
+    return markdown.table(["T"] + [f"K={k}" for k in surface.ks], rows, align="right")
 
 
 def markdown_key_values(items: Mapping[str, object]) -> str:
     """A two-column markdown table of facts (name, value)."""
-    rows = ["| | |", "|---|---|"]
-    rows += [f"| {k} | {v} |" for k, v in items.items()]
-    return "\n".join(rows)
+    return markdown.key_values(items)
 
 
 def surface_rows(surface: SurfaceInterval) -> list[tuple[int, int, float, float, float]]:

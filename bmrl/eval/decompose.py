@@ -1,7 +1,7 @@
 """The study's decomposition: is success bought by better single decisions, or by recovery after errors?
 
 Everything here is computed from per-turn records of attempts (`Episodes`, numpy), grouped by task,
-with percentile bootstrap intervals over tasks (the method of `bmrl.eval.bootstrap.bootstrap_mean`). Per-task
+with percentile bootstrap intervals over tasks (`bmrl.eval.bootstrap.bootstrap_mean`). Per-task
 values are averaged with equal weight per task; a task where a metric is undefined (no acted turn,
 no error) is left out of that metric and the number of tasks used is reported.
 
@@ -32,6 +32,7 @@ import numpy as np
 from bmrl import compiles
 from bmrl.rollout.engine import play
 from bmrl.rollout.policies import ModelPolicy, Replay, ReplayPolicy
+from bmrl.eval.bootstrap import bootstrap_mean
 
 ERROR_KINDS = ("any", "decision", "env")
 
@@ -57,36 +58,13 @@ class Estimate:
 NAN_ESTIMATE = Estimate(float("nan"), float("nan"), float("nan"), 0)
 
 
-def bootstrap_columns(
-    values: np.ndarray, *, key: int = 0, num_resamples: int = 1000, confidence: float = 0.95
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(mean, lower, upper) over the task axis of `values: [num_tasks, ...]`: the percentile
-    bootstrap of `bmrl.eval.bootstrap.bootstrap_mean` (tasks resampled with replacement, one count
-    matrix times the values) in numpy, so the many small metrics of a decomposition, whose task
-    counts differ, do not each compile a program."""
-    v = np.asarray(values, np.float64)
-    n = v.shape[0]
-    flat = v.reshape(n, -1)
-    if num_resamples == 0:  # intervals switched off: lower = upper = mean
-        m = flat.mean(0).reshape(v.shape[1:])
-        return m, m, m
-    rng = np.random.default_rng(key)
-    idx = rng.integers(0, n, size=(num_resamples, n))
-    counts = np.bincount((np.arange(num_resamples)[:, None] * n + idx).ravel(), minlength=num_resamples * n)
-    means = counts.reshape(num_resamples, n).astype(np.float64) @ flat / n
-    alpha = (1.0 - confidence) / 2.0
-    lo, hi = np.quantile(means, [alpha, 1.0 - alpha], axis=0)
-    shape = v.shape[1:]
-    return flat.mean(0).reshape(shape), lo.reshape(shape), hi.reshape(shape)
-
-
 def estimate(per_task: np.ndarray, *, key: int = 0, num_resamples: int = 1000, confidence: float = 0.95) -> Estimate:
     """Mean and bootstrap interval of `per_task: [num_tasks]`, NaN entries (undefined) left out."""
     v = np.asarray(per_task, np.float64).reshape(-1)
     v = v[np.isfinite(v)]
     if v.size == 0:
         return NAN_ESTIMATE
-    m, lo, hi = bootstrap_columns(v, key=key, num_resamples=num_resamples, confidence=confidence)
+    m, lo, hi = bootstrap_mean(v, key=key, num_resamples=num_resamples, confidence=confidence)
     return Estimate(float(m), float(lo), float(hi), int(v.size))
 
 
@@ -266,7 +244,7 @@ def decompose_episodes(
     track = back_on_track(ep, window, errors)
     track_task = np.array([np.nanmean(r) if np.isfinite(r).any() else np.nan for r in ep.per_task(track)])
     hist = first_error_histogram(ep, errors)
-    h_mean, h_lo, h_hi = bootstrap_columns(hist, key=key + 5, **boot)
+    h_mean, h_lo, h_hi = bootstrap_mean(hist, key=key + 5, **boot)
     recovery_t = {}
     for t in range(ep.max_turns):
         if np.isfinite(by_turn[:, t]).any():

@@ -8,30 +8,37 @@ A record names its task and says when (if ever) the attempt first succeeded, in 
 2. `turn_success`: a per-turn list of booleans (or 0/1); first success = 1 + index of the first true.
 3. `success` and `turns`: the attempt succeeded (bool) and used `turns` turns; first success = turns.
 
-Records are parsed one line at a time into `array` buffers (task index, turn, line number, attempt
-id hash); no per-record Python object is kept alive, so 10^6 attempts stream in bounded memory. Task
-ids are mapped to ints through one dict of unique ids.
+Records are parsed one line at a time (`bmrl.eval.log_files`) into `array` buffers (task index,
+turn, line number, attempt id hash); no per-record Python object is kept alive, so 10^6 attempts
+stream in about 20 bytes each. Task ids are mapped to ints through one dict of unique ids. Turns are
+bounded by MAX_TURN (a larger one is refused on its line), so no grid over T can explode.
 """
 
 from __future__ import annotations
 
-import csv
 import dataclasses
-import gzip
-import io
 import json
 import os
 from array import array
-from collections.abc import Iterator
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
+from bmrl.eval.log_files import (
+    JSONL_SUFFIXES,
+    LogFormatError,
+    detect_format,
+    iter_csv,
+    iter_jsonl,
+)
+
+__all__ = ["JSONL_SUFFIXES", "MAX_TURN", "AttemptLog", "LogFields", "LogFormatError", "detect_format", "read_attempt_log"]
+
 _TRUE_STRINGS = {"1", "true", "t", "yes", "y"}
 _FALSE_STRINGS = {"0", "false", "f", "no", "n", ""}
 _MAX_EXAMPLES = 5
-_MAX_TURN = 2**31 - 1
+MAX_TURN = 1_000_000  # largest turn a record may name (documented in docs/passkt_logs.md)
 _KEY_RANGE = 2**62  # int attempt ids below this are their own key; others are hashed
 _NO_ATTEMPT = -1  # hash() never returns -1, so it can mark "no attempt id"
 
@@ -43,16 +50,6 @@ def _attempt_key(attempt: Any) -> int:
         if value < _KEY_RANGE:
             return value
     return hash(str(attempt))
-
-
-class LogFormatError(ValueError):
-    """A malformed record: names the file, the line and the field."""
-
-    def __init__(self, path: str, line: int, field: str | None, message: str):
-        self.path, self.line, self.field, self.message = path, line, field, message
-        where = f"{path}:{line}" if line else path
-        what = f" field '{field}':" if field else ""
-        super().__init__(f"{where}:{what} {message}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,12 +67,14 @@ class LogFields:
 
 @dataclasses.dataclass
 class AttemptLog:
-    """One log as arrays: `first_success_turn: [num_tasks, max_attempts]` int32 padded with 0, and
-    `n_per_task: [num_tasks]`, the attempts of each task (row i = `task_ids[i]`)."""
+    """One log as arrays: `turns: [num_attempts]` int32, the first-success turns grouped by task in
+    task order (task i's attempts are `turns[offsets[i]:offsets[i] + n_per_task[i]]`), and
+    `n_per_task: [num_tasks]` (row i = `task_ids[i]`). Nothing is padded, so a task with many more
+    attempts than the rest costs its attempts, not tasks x its attempts."""
 
     path: str
     task_ids: list[str]
-    first_success_turn: np.ndarray
+    turns: np.ndarray
     n_per_task: np.ndarray
     num_records: int
     num_attempts: int
@@ -84,6 +83,43 @@ class AttemptLog:
     empty_tasks: list[str]
     budget_visible: bool
     max_turn: int
+
+    @property
+    def offsets(self) -> np.ndarray:
+        """[num_tasks]: where each task's attempts start in `turns`."""
+        return np.concatenate([[0], np.cumsum(self.n_per_task)[:-1]]).astype(np.int64)
+
+    @property
+    def first_success_turn(self) -> np.ndarray:
+        """[num_tasks, max_attempts] int32 padded with 0 (use with `n_per_task`); for balanced logs."""
+        return self._padded(np.arange(len(self.task_ids)), int(self.n_per_task.max()))
+
+    def _padded(self, rows: np.ndarray, width: int) -> np.ndarray:
+        col = np.arange(width)[None, :]
+        valid = col < self.n_per_task[rows][:, None]
+        where = np.where(valid, self.offsets[rows][:, None] + col, 0)
+        return np.where(valid, self.turns[where], 0).astype(np.int32)
+
+    def per_task(self, ks: Sequence[int], ts: Sequence[int], cells_per_call: int = 1 << 20) -> np.ndarray:
+        """Unbiased per-task Pass@(k,T): float64 [num_tasks, len(ks), len(ts)] (`pass_at_kt_per_task`).
+
+        Tasks are grouped by their attempt count rounded up to a power of two, so the padded arrays
+        hold at most twice the attempts, and in calls of about `cells_per_call` numbers (memory stays
+        bounded), each group in one shape (one compiled program per group size)."""
+        from bmrl.eval.passkt import pass_at_kt_per_task
+
+        n = self.n_per_task
+        width = (1 << np.ceil(np.log2(np.maximum(n, 1))).astype(np.int64)).astype(np.int64)
+        out = np.empty((len(n), len(ks), len(ts)), np.float64)
+        for w in np.unique(width):
+            rows = np.flatnonzero(width == w)
+            step = max(1, min(len(rows), cells_per_call // max(int(w), len(ks) * len(ts))))
+            for start in range(0, len(rows), step):
+                part = rows[start:start + step]
+                padded = np.concatenate([part, np.full(step - len(part), part[0])])  # one shape per group
+                out[part] = pass_at_kt_per_task(self._padded(padded, int(w)), ks, ts,
+                                                n_per_task=n[padded])[: len(part)]
+        return out
 
     def task_index(self) -> dict[str, int]:
         """Task id -> row."""
@@ -104,62 +140,6 @@ class AttemptLog:
             "budget_visible": self.budget_visible,
             "max_turn_logged": self.max_turn,
         }
-
-
-def _open_text(path: str) -> io.TextIOBase:
-    if path.endswith(".gz"):
-        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8", newline="")
-    return open(path, encoding="utf-8", newline="")
-
-
-def detect_format(path: str) -> str:
-    """'jsonl' or 'csv' from the file name (a trailing .gz is ignored)."""
-    name = path[:-3] if path.endswith(".gz") else path
-    if name.endswith(".csv"):
-        return "csv"
-    if name.endswith(JSONL_SUFFIXES):
-        return "jsonl"
-    raise ValueError(f"{path}: unknown log format; name it .jsonl or .csv (optionally .gz), or pass the format.")
-
-
-def _iter_jsonl(path: str) -> Iterator[tuple[int, Any]]:
-    # scan_once is the C scanner behind json.loads, without its two Python-level wrappers;
-    # on any failure json.loads re-parses the line for a precise message.
-    scan = json.JSONDecoder().scan_once
-    with _open_text(path) as f:
-        for line_no, line in enumerate(f, 1):
-            try:
-                record, end = scan(line, 0)
-                if type(record) is dict and not line[end:].strip():
-                    yield line_no, record
-                    continue
-            except (StopIteration, json.JSONDecodeError, ValueError, RecursionError):
-                pass
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as e:
-                yield line_no, LogFormatError(path, line_no, None, f"line is not valid JSON ({e.msg}, column {e.colno}).")
-                continue
-            if not isinstance(record, dict):
-                yield line_no, LogFormatError(path, line_no, None, f"a record must be a JSON object, got {type(record).__name__}.")
-                continue
-            yield line_no, record
-
-
-def _iter_csv(path: str) -> Iterator[tuple[int, Any]]:
-    with _open_text(path) as f:
-        reader = csv.DictReader(f)
-        if reader.fieldnames is None:
-            return
-        for record in reader:
-            line_no = reader.line_num
-            if None in record:  # more cells than header columns
-                yield line_no, LogFormatError(path, line_no, None, f"the row has more cells than the header's {len(reader.fieldnames)} columns.")
-                continue
-            # Empty cells are missing values; the rest stay strings and are parsed per field.
-            yield line_no, {k: v for k, v in record.items() if v is not None and v != ""}
 
 
 def _parse_int(value: Any) -> int | None:
@@ -224,8 +204,12 @@ def _turn_value(value: Any, path: str, line: int, field: str) -> int:
         raise LogFormatError(path, line, field, f"expected an integer turn (0 or null = never), got {value!r}.")
     if turn < 0:
         raise LogFormatError(path, line, field, f"negative turn {turn}; turns are 1-based and 0 means never succeeded.")
-    if turn >= _MAX_TURN:
-        raise LogFormatError(path, line, field, f"turn {turn} is too large (the limit is {_MAX_TURN - 1}).")
+    if turn > MAX_TURN:
+        raise LogFormatError(
+            path, line, field,
+            f"turn {turn} is beyond the largest supported turn {MAX_TURN:,} (a timestamp or step counter?); "
+            "log the 1-based turn of the episode.",
+        )
     return turn
 
 
@@ -248,6 +232,8 @@ def _outcomes(record: dict, fields: LogFields, path: str, line: int) -> tuple[li
         items = _parse_list(record[name])
         if items is None:
             raise LogFormatError(path, line, name, f"expected a per-turn list of booleans, got {record[name]!r}.")
+        if len(items) > MAX_TURN:
+            raise LogFormatError(path, line, name, f"{len(items):,} turns, beyond the largest supported turn {MAX_TURN:,}.")
         first = 0
         for i, v in enumerate(items):
             flag = _parse_bool(v)
@@ -293,7 +279,7 @@ def read_attempt_log(
     fmt = fmt or detect_format(path)
     if fmt not in ("jsonl", "csv"):
         raise ValueError(f"unknown log format {fmt!r}: use 'jsonl' or 'csv'.")
-    records = _iter_jsonl(path) if fmt == "jsonl" else _iter_csv(path)
+    records = iter_jsonl(path) if fmt == "jsonl" else iter_csv(path)
 
     task_of: dict[str, int] = {}
     task_buf, turn_buf, line_buf = array("i"), array("i"), array("i")
@@ -327,7 +313,7 @@ def read_attempt_log(
                 continue
             task = str(task)
         turn = record.get(fast_turn) if fast_turn is not None else None
-        if type(turn) is int and 0 <= turn < _MAX_TURN and (budget_field is None or budget_field not in record):
+        if type(turn) is int and 0 <= turn <= MAX_TURN and (budget_field is None or budget_field not in record):
             turns, record_max, grouped = (turn,), turn, False  # the common case, no further checks
         else:
             try:
@@ -375,15 +361,10 @@ def read_attempt_log(
         )
     counts = np.bincount(tasks, minlength=len(task_ids)).astype(np.int32)
     order = np.argsort(tasks, kind="stable")
-    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
-    sorted_tasks = tasks[order]
-    position = np.arange(len(order)) - starts[sorted_tasks]
-    matrix = np.zeros((len(task_ids), int(counts.max())), np.int32)
-    matrix[sorted_tasks, position] = turns_arr[order]
     return AttemptLog(
         path=path,
         task_ids=task_ids,
-        first_success_turn=matrix,
+        turns=turns_arr[order],
         n_per_task=counts,
         num_records=num_records,
         num_attempts=int(len(tasks)),

@@ -64,10 +64,13 @@ def plot_difference_heatmap(
     *,
     title: str = "Pass@(K,T) difference",
     confidence: float = 0.95,
+    significant: np.ndarray | None = None,
 ) -> str:
-    """Diverging heatmap of a difference surface; '*' marks cells whose interval excludes 0."""
+    """Diverging heatmap of a difference surface; '*' marks significant cells (`significant`, e.g.
+    `SurfaceInterval.significant()`; by default the cells whose interval excludes 0)."""
     difference = np.asarray(difference, float)
-    significant = (np.asarray(lower) > 0) | (np.asarray(upper) < 0)
+    if significant is None:
+        significant = (np.asarray(lower) > 0) | (np.asarray(upper) < 0)
     bound = max(float(np.abs(difference).max()), 1e-6)
     fig = _figure(max(4.0, 0.35 * len(ts) + 2), max(3.0, 0.3 * len(ks) + 1.5))
     ax = fig.add_subplot()

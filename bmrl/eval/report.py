@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from bmrl.eval import audit, plots
-from bmrl.eval.bootstrap import SurfaceInterval, bootstrap_mean
+from bmrl.eval import audit, markdown, plots
+from bmrl.eval.bootstrap import MIN_UNITS_FOR_SIGNIFICANCE, SurfaceInterval, surface_interval
 from bmrl.eval.decompose import Estimate, decision_accuracy_per_task, estimate, recovery_per_task
 from bmrl.eval.evaluate import EvalResult
 
@@ -45,12 +45,8 @@ def paired_surface(a: EvalResult, b: EvalResult, *, key: int = 0, names: tuple[s
     """Pass@(K,T) of a minus b on the same tasks, with a paired bootstrap interval (the per-task
     difference resampled over tasks, as `bmrl.eval.bootstrap.paired_difference` does)."""
     _check_same_tasks(a, b, names)
-    diff = a.per_task - b.per_task
-    if a.surface.num_resamples == 0:
-        est = diff.mean(0)
-        return SurfaceInterval(est, est, est, a.ks, a.ts, a.surface.confidence, 0, a.num_tasks)
-    est, lo, hi = bootstrap_mean(diff, key=key, num_resamples=a.surface.num_resamples, confidence=a.surface.confidence)
-    return SurfaceInterval(est, lo, hi, a.ks, a.ts, a.surface.confidence, a.surface.num_resamples, a.num_tasks)
+    return surface_interval(a.per_task - b.per_task, a.ks, a.ts, key=key, num_resamples=a.surface.num_resamples,
+                            confidence=a.surface.confidence)
 
 
 def _paired_metric(va: np.ndarray, vb: np.ndarray, key: int, num_resamples: int) -> Estimate:
@@ -79,7 +75,8 @@ def paired_decomposition(a: EvalResult, b: EvalResult, *, names: tuple[str, str]
 
 
 def _sig(e: Estimate) -> bool:
-    return e.num_tasks > 0 and (e.lower > 0 or e.upper < 0)
+    """The interval excludes 0 and rests on enough tasks (the rule of `SurfaceInterval.significant`)."""
+    return e.num_tasks >= MIN_UNITS_FOR_SIGNIFICANCE and (e.lower > 0 or e.upper < 0)
 
 
 def _signed(e: Estimate) -> str:
@@ -145,17 +142,14 @@ def _metric_table(result: EvalResult) -> str:
 def _recovery_table(result: EvalResult) -> str:
     d = result.decomposition
     hist = d.first_error_hist
-    lines = ["| first error at turn | share of attempts | P(success given it) |", "|---:|---:|---:|"]
-    lines.append(f"| none | {hist[0]:.3f} [{d.first_error_hist_lower[0]:.3f}, {d.first_error_hist_upper[0]:.3f}] | |")
+    rows: list[list[object]] = [["none", f"{hist[0]:.3f} [{d.first_error_hist_lower[0]:.3f}, {d.first_error_hist_upper[0]:.3f}]", ""]]
     for t in range(1, len(hist)):
         if hist[t] <= 0 and t not in d.recovery_by_turn:
             continue
         rec = d.recovery_by_turn.get(t)
-        lines.append(
-            f"| {t} | {hist[t]:.3f} [{d.first_error_hist_lower[t]:.3f}, {d.first_error_hist_upper[t]:.3f}] | "
-            + (f"{rec} ({rec.num_tasks} tasks)" if rec else "") + " |"
-        )
-    return "\n".join(lines)
+        rows.append([t, f"{hist[t]:.3f} [{d.first_error_hist_lower[t]:.3f}, {d.first_error_hist_upper[t]:.3f}]",
+                     f"{rec} ({rec.num_tasks} tasks)" if rec else ""])
+    return markdown.table(["first error at turn", "share of attempts", "P(success given it)"], rows, align="right")
 
 
 def write_report(
@@ -256,7 +250,7 @@ def _plots(out_dir: str, results: Mapping[str, EvalResult], baseline: str | None
     for n, d in diffs.items():
         paths[f"difference_{n}"] = plots.plot_difference_heatmap(
             d.estimate, d.lower, d.upper, d.ks, d.ts, os.path.join(out_dir, f"difference_{n}.png"),
-            title=f"Pass@(K,T): {n} - {baseline}", confidence=d.confidence,
+            title=f"Pass@(K,T): {n} - {baseline}", confidence=d.confidence, significant=d.significant(),
         )
     # Decomposition bars: one cluster per metric, one bar per policy.
     groups = ["decision acc.", "P(success|error)", "back on track"]
@@ -313,16 +307,17 @@ def _markdown(title, description, settings, results, baseline, diffs, comparison
 
     # Headline table and sentences.
     lines += ["## Summary", ""]
-    head = "| policy | Pass@(1,T) at T=" + f"{first.ts[0]} | Pass@(1,T) at T={first.ts[-1]} | area under Pass@(K,T) | decision accuracy | P(success given an error) |"
-    lines += [head, "|---|---:|---:|---:|---:|---:|"]
+    fmt = lambda d: f"{d['mean']:.3f} [{d['lower']:.3f}, {d['upper']:.3f}]" if d else "n/a"  # noqa: E731
+    summary_rows = []
     for n, r in results.items():
         s = r.summary()
-        p_lo = s.get("pass1_min_over_T", {})
-        p_hi = s.get("pass1_at_max_T", {})
-        fmt = lambda d: f"{d['mean']:.3f} [{d['lower']:.3f}, {d['upper']:.3f}]" if d else "n/a"  # noqa: E731
-        lines.append(
-            f"| {n} | {fmt(p_lo)} | {fmt(p_hi)} | {fmt(s['area'])} | {r.decomposition.decision_accuracy} | {r.decomposition.recovery} |"
-        )
+        summary_rows.append([n, fmt(s.get("pass1_min_over_T", {})), fmt(s.get("pass1_at_max_T", {})), fmt(s["area"]),
+                             r.decomposition.decision_accuracy, r.decomposition.recovery])
+    lines.append(markdown.table(
+        ["policy", f"Pass@(1,T) at T={first.ts[0]}", f"Pass@(1,T) at T={first.ts[-1]}", "area under Pass@(K,T)",
+         "decision accuracy", "P(success given an error)"],
+        summary_rows, align=["left"] + ["right"] * 5,
+    ))
     lines.append("")
     for n, r in results.items():
         if 1 in r.ks:
@@ -365,11 +360,12 @@ def _markdown(title, description, settings, results, baseline, diffs, comparison
             f"Same {d.num_tasks} tasks and the same random keys for both; bold cells: the {pct}% interval excludes 0.", "",
             audit.markdown_surface_table(d, _surface_rows_shown(d.ts), signed=True), "",
             f"![difference](difference_{n}.png)", "",
-            "| metric | difference |", "|---|---:|",
+            markdown.table(["metric", "difference"], [
+                [key.replace("_", " "), _signed(Estimate(**c[key]))]
+                for key in ("decision_accuracy", "probe_accuracy", "recovery", "injected_success", "injected_recovery")
+                if key in c
+            ], align=["left", "right"]),
         ]
-        for key in ("decision_accuracy", "probe_accuracy", "recovery", "injected_success", "injected_recovery"):
-            if key in c:
-                lines.append(f"| {key.replace('_', ' ')} | {_signed(Estimate(**c[key]))} |")
         lines += ["", c["verdict"], ""]
     lines += [
         "## Definitions", "",
