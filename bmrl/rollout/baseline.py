@@ -181,6 +181,9 @@ def python_loop_rollout(
         active = nxt
         t += 1
 
+    last = np.minimum(np.arange(Tm + 1)[None, :], turns_used[:, None])  # progress carried to the end
+    out["progress"] = np.take_along_axis(out["progress"], last, axis=1)
+
     def padded(rows, fill, dtype):
         arr = np.full((batch, L), fill, dtype)
         for b, r in enumerate(rows):

@@ -72,6 +72,9 @@ class Carry:
     """The loop state: turn counter, environment and policy state, per-row flags and records."""
 
     t: jax.Array  # int32[]
+    row: jax.Array  # int32[B]: the row's index in the caller's batch (compaction reorders rows)
+    caps: jax.Array  # int32[B]
+    env_keys: jax.Array  # [B] environment keys of the rows
     env_state: Any
     obs: Any  # the observation the rows see before turn t
     policy_state: Any
@@ -133,6 +136,26 @@ def make_episode(policy: Any, env: Env, cfg: RolloutConfig, record_obs: bool = F
     """
     Tm = cfg.max_turns
 
+    def turn(c: Carry, bound, inject) -> Carry:
+        t, active = c.t, c.active
+        turns = _record_obs(c.turns, t, c.obs, active)
+        pstate, action, format_ok = bound.act(c.policy_state, env, c.env_state, t, active)
+        step_keys = jax.vmap(lambda k: jax.random.fold_in(k, t + 1))(c.env_keys)
+        action, injected = inject_errors(env, inject, step_keys, c.env_state, action, active, t)
+        new_state, new_obs, reward, term, info = jax.vmap(env.step)(step_keys, c.env_state, action, c.caps - (t + 1))
+        c = c.replace(turns=turns, policy_state=pstate)
+        turns = record_turn(c, t, active, action, format_ok, injected, reward, info, cfg.format_reward)
+        won = active & info.success
+        nxt = active & ~term & ~won & (t + 1 < c.caps)
+        obs = select(active, new_obs, c.obs)
+        pstate, fits = bound.observe(pstate, env, obs, t, nxt)
+        return c.replace(
+            t=t + 1, env_state=select(active, new_state, c.env_state), obs=obs, policy_state=pstate,
+            active=nxt & fits, turns=turns, turns_used=c.turns_used + active.astype(jnp.int32),
+            success=c.success | won, first_success_turn=jnp.where(won & ~c.success, t + 1, c.first_success_turn),
+            terminated=c.terminated | (active & term), overflow=c.overflow | (nxt & ~fits),
+        )
+
     def run(params, tasks, caps, key, inject):
         bound = policy.bind(params)
         caps = jnp.clip(caps.astype(jnp.int32), 1, Tm)
@@ -142,34 +165,18 @@ def make_episode(policy: Any, env: Env, cfg: RolloutConfig, record_obs: bool = F
         env_state, obs = jax.vmap(env.reset)(env_keys, tasks, caps)
         zeros, false = jnp.zeros((batch,), jnp.int32), jnp.zeros((batch,), bool)
         carry = Carry(
-            t=jnp.int32(0), env_state=env_state, obs=obs, policy_state=bound.start(env, obs, keys),
+            t=jnp.int32(0), row=jnp.arange(batch, dtype=jnp.int32), caps=caps, env_keys=env_keys,
+            env_state=env_state, obs=obs, policy_state=bound.start(env, obs, keys),
             active=jnp.ones((batch,), bool),
             turns=Turns.empty(batch, Tm, jax.vmap(env.progress)(env_state), env.max_obs_len if record_obs else 0),
             turns_used=zeros, success=false, first_success_turn=zeros, terminated=false, overflow=false,
         )
-
-        def turn(c: Carry) -> Carry:
-            t, active = c.t, c.active
-            turns = _record_obs(c.turns, t, c.obs, active)
-            pstate, action, format_ok = bound.act(c.policy_state, env, c.env_state, t, active)
-            step_keys = jax.vmap(lambda k: jax.random.fold_in(k, t + 1))(env_keys)
-            action, injected = inject_errors(env, inject, step_keys, c.env_state, action, active, t)
-            new_state, new_obs, reward, term, info = jax.vmap(env.step)(step_keys, c.env_state, action, caps - (t + 1))
-            c = c.replace(turns=turns, policy_state=pstate)
-            turns = record_turn(c, t, active, action, format_ok, injected, reward, info, cfg.format_reward)
-            won = active & info.success
-            nxt = active & ~term & ~won & (t + 1 < caps)
-            obs = select(active, new_obs, c.obs)
-            pstate, fits = bound.observe(pstate, env, obs, t, nxt)
-            return c.replace(
-                t=t + 1, env_state=select(active, new_state, c.env_state), obs=obs, policy_state=pstate,
-                active=nxt & fits, turns=turns, turns_used=c.turns_used + active.astype(jnp.int32),
-                success=c.success | won, first_success_turn=jnp.where(won & ~c.success, t + 1, c.first_success_turn),
-                terminated=c.terminated | (active & term), overflow=c.overflow | (nxt & ~fits),
-            )
-
-        c = jax.lax.while_loop(lambda c: jnp.any(c.active) & (c.t < Tm), turn, carry)
+        sizes = cfg.buckets(batch) if getattr(policy, "compactable", False) else (batch,)
+        c = play_compacting(carry, lambda c: turn(c, bound, inject), sizes, Tm, getattr(bound, "strip", None))
         r = c.turns
+        # Progress after the last turn is carried to the end, however early the row finished.
+        last = jnp.minimum(jnp.arange(Tm + 1)[None, :], c.turns_used[:, None])
+        r = r.replace(progress=jnp.take_along_axis(r.progress, last, axis=1))
         return Trajectory(
             **bound.outputs(c.policy_state),
             action=r.action, reward=r.reward, error=r.error, invalid=r.invalid, format_error=r.format_error,
@@ -181,6 +188,40 @@ def make_episode(policy: Any, env: Env, cfg: RolloutConfig, record_obs: bool = F
         )
 
     return compiles.counted_jit(run, name=name)
+
+
+def play_compacting(carry: Carry, turn, sizes: tuple[int, ...], max_turns: int, strip=None) -> Carry:
+    """Run `turn` until no row is active or `max_turns`, at batch sizes `sizes` (static, decreasing).
+
+    At `sizes[i]` rows the loop runs while more than `sizes[i + 1]` rows are active; then the active
+    rows are gathered into a batch of `sizes[i + 1]` (finished rows leave) and the loop goes on, so
+    late turns cost what their live rows cost. Every row's results are scattered back to its place
+    in the full batch: the caller sees its own order. With one size it is the plain loop. `strip`
+    drops what the results do not need from a policy state (a model's KV cache) before scattering.
+    """
+
+    def rows(c: Carry) -> Carry:
+        return c.replace(t=None)
+
+    def results(c: Carry) -> Carry:
+        return rows(c.replace(policy_state=strip(c.policy_state))) if strip else rows(c)
+
+    out, work = results(carry), carry
+    for i, size in enumerate(sizes):
+        nxt = sizes[i + 1] if i + 1 < len(sizes) else 0
+
+        def cond(c: Carry, nxt=nxt) -> jax.Array:
+            return jnp.any(c.active) & (c.t < max_turns) & (jnp.sum(c.active) > nxt)
+
+        work = jax.lax.while_loop(cond, turn, work)
+        if len(sizes) == 1:
+            return work
+        idx = work.row
+        out = jax.tree.map(lambda o, w: o.at[idx].set(w), out, results(work))
+        if nxt:
+            keep = jnp.argsort(~work.active, stable=True)[:nxt]  # active rows first
+            work = jax.tree.map(lambda w: w[keep], rows(work)).replace(t=work.t)
+    return out.replace(t=work.t)
 
 
 def episode_program(policy: Any, env: Env, cfg: RolloutConfig, record_obs: bool = False):

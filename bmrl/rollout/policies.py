@@ -110,6 +110,7 @@ class ModelPolicy:
     graphdef: nnx.GraphDef
     fmt: Format
     cfg: RolloutConfig
+    compactable = True  # its state is per row: finished rows can leave the batch
 
     def bind(self, params) -> "_BoundModel":
         return _BoundModel(self, nnx.merge(self.graphdef, params))
@@ -127,12 +128,48 @@ class _BoundModel:
         return [fixed(f.obs_open, batch), (obs.tokens, obs.length), fixed(f.obs_close, batch)]
 
     def start(self, env: Env, obs, keys) -> ModelState:
-        """Turn 0 prompt: the format's prefix + the first observation, prefilled from offset 0."""
-        batch = keys.shape[0]
+        """Turn 0 prompt: the format's prefix (the same for every row: prefilled once and shared) and
+        each row's first observation, prefilled at its real length."""
+        batch, P, pad = keys.shape[0], len(self.fmt.prefix), self.fmt.pad_id
         width = self.fmt.first_chunk_len(env.max_obs_len)
-        chunk, n = assemble([fixed(self.fmt.prefix, batch)] + self._obs_segments(obs, batch), width, self.fmt.pad_id)
-        turn_ids = jnp.where(jnp.arange(width)[None, :] < len(self.fmt.prefix), -1, 0)
-        return self.start_from_context(chunk, n, keys, turn_ids)
+        obs_chunk, n_obs = assemble(self._obs_segments(obs, batch), width - P, pad)
+        if P == 0:
+            return self.start_from_context(obs_chunk, n_obs, keys, jnp.zeros((1, width), jnp.int32))
+        prefix = jnp.asarray(self.fmt.prefix, jnp.int32)[None, :]
+        one = jnp.ones((1,), jnp.int32)
+        _, shared = self.model.extend(prefix, one * P, one * 0, self.model.init_cache(1, self.cfg.max_len))
+        cache = jax.tree.map(lambda x: jnp.broadcast_to(x, (batch,) + x.shape[1:]), shared)
+        offsets = jnp.full((batch,), P, jnp.int32)
+        logits, cache = self._prefill(obs_chunk, n_obs, offsets, cache)
+        L, zeros = self.cfg.max_len, jnp.zeros((batch,), jnp.int32)
+        tokens = write(jnp.full((batch, L), pad, jnp.int32), zeros, jnp.broadcast_to(prefix, (batch, P)), zeros + P)
+        turn_ids = write(jnp.full((batch, L), -1, jnp.int32), offsets, jnp.zeros((1, width - P), jnp.int32), n_obs)
+        f32 = jnp.zeros((batch, L), jnp.float32)
+        return ModelState(
+            cache=cache, next_logits=logits, cache_len=offsets + n_obs, n_tok=offsets + n_obs,
+            tokens=write(tokens, offsets, obs_chunk, n_obs), loss_mask=f32, logprobs=f32, turn_of_token=turn_ids,
+            tok_keys=stream(keys, TOKEN_STREAM),
+        )
+
+    def _prefill(self, chunk: jax.Array, n: jax.Array, offsets: jax.Array, cache, tight: bool = False):
+        """Prefill `chunk: [B, W]` (row b: its first n[b] tokens) at `offsets`. With `tight`, at the
+        smaller of two static widths (W rounded up to half, or W) that holds the longest row, so the
+        cost follows the real lengths (each width is one more trace of the model: two keep compiles
+        cheap). Returns (logits of each row's last token [B, V], cache)."""
+        W = chunk.shape[1]
+        half = -(-W // 16) * 8  # ceil(W / 2) rounded up to a multiple of 8
+        widths = [half, W] if tight and half < W else [W]
+        which = (jnp.max(n) > half).astype(jnp.int32)
+
+        def at(w):
+            def go(cache):
+                lg, cache = self.model.extend(chunk[:, :w], n, offsets, cache, last_only=True)
+                return lg[:, 0], cache
+            return go
+
+        if len(widths) == 1:
+            return at(W)(cache)
+        return jax.lax.switch(which, [at(w) for w in widths], cache)
 
     def start_from_context(self, context: jax.Array, lengths: jax.Array, keys, turn_ids=None) -> ModelState:
         """Prefill any context `[B, W]` (+ lengths [B]) from offset 0: the state before a reply."""
@@ -149,6 +186,10 @@ class _BoundModel:
             turn_of_token=write(jnp.full((batch, L), -1, jnp.int32), zeros, turn_ids, lengths),
             tok_keys=stream(keys, TOKEN_STREAM),
         )
+
+    def strip(self, s: ModelState) -> ModelState:
+        """The state without its KV cache and logits (what results need, for compaction)."""
+        return s.replace(cache=None, next_logits=None)
 
     def decode_reply(self, s: ModelState, t, decoding: jax.Array) -> ModelState:
         """Sample one reply per decoding row into the buffer, until a stop token or the per-turn limit
@@ -220,8 +261,8 @@ class _BoundModel:
 
         def prefill(args):
             cache, prev = args
-            lg, cache = self.model.extend(chunk, n, s.cache_len, cache, last_only=True)
-            return cache, jnp.where(go[:, None], lg[:, 0], prev)
+            lg, cache = self._prefill(chunk, n, s.cache_len, cache, tight=True)
+            return cache, jnp.where(go[:, None], lg, prev)
 
         cache, next_logits = jax.lax.cond(jnp.any(go), prefill, lambda a: a, (s.cache, s.next_logits))
         turn_ids = jnp.where(jnp.arange(width)[None, :] == 0, t, t + 1)

@@ -73,11 +73,22 @@ class RolloutConfig:
     max_len: int
     sampling: SamplingConfig = SamplingConfig()
     format_reward: float = 0.0  # added to a turn's reward when its reply breaks the format (< 0 penalises)
+    compact_min_rows: int = 0  # live-row compaction: halve the batch while it is >= 2x this (0 = off)
 
     def __post_init__(self) -> None:
         for name in ("max_turns", "max_reply_tokens", "max_len"):
             if getattr(self, name) < 1:
                 raise RolloutError(f"RolloutConfig.{name} must be >= 1, got {getattr(self, name)}.")
+        if self.compact_min_rows < 0:
+            raise RolloutError(f"RolloutConfig.compact_min_rows must be >= 0 (0 = off), got {self.compact_min_rows}.")
+
+    def buckets(self, batch: int) -> tuple[int, ...]:
+        """The static batch sizes a compacting rollout of `batch` rows runs at: batch, batch/2, ...
+        while the next is a whole number >= compact_min_rows (just `(batch,)` when compaction is off)."""
+        sizes = [batch]
+        while self.compact_min_rows and sizes[-1] % 2 == 0 and sizes[-1] // 2 >= self.compact_min_rows:
+            sizes.append(sizes[-1] // 2)
+        return tuple(sizes)
 
 
 @struct.dataclass
