@@ -1,23 +1,30 @@
-"""Benchmark: the compiled multi-turn rollout against the Python-driven loop, side by side.
+"""Benchmark: does the compiled rollout pay only for live tokens and live rows? Ratios side by side.
 
-For a tiny model on the corridor environment (long enough that no episode ends early, so every
-sequence runs every turn), for batch 64 and 256 and for 8 and 32 turns:
-  - environment turns/s and tokens/s of `bmrl.rollout.rollout` (one jit, compile excluded) and of
-    `bmrl.rollout.baseline.python_loop_rollout` (jitted per-turn generate, host env steps,
-    context re-prefilled each turn);
-  - compile time of the compiled loop;
-  - t(32 turns) / t(8 turns) of the compiled loop (cost should grow about linearly in turns).
-Targets on a 2-core CPU: compiled >= 10x the Python loop at batch 256 and 32 turns; t32/t8 <= 4.5.
-A `think_answer` case (64-token replies: reasoning inside think tags, the action inside answer tags,
-parsed in jit) runs the compiled loop at the same batch and turns, beside the plain-action case.
-Ends with one JSON line of all figures.
+A tiny model (vocab 384, 2 layers, d 64) on the corridor (length 64: no episode ends by itself, so
+caps alone decide the turns), sampling at temperature 1. Every case runs through ONE compiled
+program per batch shape (max_turns 32, caps as data), measured after a warm-up call:
 
-    python bench/rollout.py [--batches 64,256] [--turns 8,32] [--repeats 2] [--skip-python] [--skip-think]
+- ceiling ratio: useful tokens/s of the rollout (sampled + real observation tokens, no padding, no
+  finished rows) over a plain decode ceiling, a minimal jitted `extend` + `sample` loop on the same
+  model, batch and mean live context (target >= 0.7), at batch 64 and 256 x 16 turns;
+- linear in turns: t(32 turns) / t(16 turns) and t(16) / t(8) at batch 16 (targets <= 2.3);
+- BudgetMix pays for turns played: caps drawn from {2, 4, 6, 8} vs all 8, at batch 64 with live-row
+  compaction on (`compact_min_rows=8`; target <= 0.70, turns played 0.625), and the same without
+  compaction beside it;
+- batch helps: env turns/s at batch 256 over batch 16 (target >= 1.5);
+- compiles: rollout programs compiled in the whole run (one per batch shape and compaction setting).
+`--python` adds the Python-driven loop (`bmrl.rollout.baseline`) at batch 64 x 8 turns.
+
+    python bench/rollout.py [--quick] [--repeats 2] [--python]
+
+Ends with one JSON line with keys ceiling_ratio_64x16, ceiling_ratio_256x16, t32_over_t16,
+t16_over_t8, mix_cost_ratio, batch256_over_batch16, compiles.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -29,37 +36,19 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from bmrl import compiles  # noqa: E402
 from bmrl.envs import corpus, make  # noqa: E402
 from bmrl.model.tokenizer import train_tiny_tokenizer  # noqa: E402
 from bmrl.rollout import RolloutConfig, default_format, rollout  # noqa: E402
 from bmrl.rollout.baseline import python_loop_rollout  # noqa: E402
-from bmrl.sampling import SamplingConfig  # noqa: E402
-from bmrl.formats import add_tag_tokens, plain_format  # noqa: E402
-from tests.chat_helpers import chain_policy  # noqa: E402
+from bmrl.sampling import SamplingConfig, sample  # noqa: E402
 from tests.rollout_helpers import steered_policy  # noqa: E402
 
-THINK_REPLY = 64  # tokens per think_answer reply, stop included
-
-
-def think_setup(max_turns: int):
-    """Corridor with a think_answer format and a policy whose every reply is exactly 64 tokens."""
-    tok = train_tiny_tokenizer(corpus(["corridor"], observations=False), 384)
-    add_tag_tokens(tok)
-    env = make("corridor", tok, length=64, eps=0.1)
-    fmt = plain_format(tok, env.instructions, "think_answer")
-    acts = [list(map(int, row[:n])) for row, n in zip(env.actions.tokens, env.actions.lengths)]
-    overhead = len(fmt.reply_tokens(acts[0])) - len(acts[0]) + 1  # tags, separator, stop
-    used = {t for a in acts for t in a} | set(fmt.stop_ids) | {int(fmt.obs_close[-1])}
-    used |= {int(t) for t in np.concatenate([fmt.think_open, fmt.think_close, fmt.answer_open, fmt.answer_close, fmt.answer_sep])}
-    n_reason = THINK_REPLY - overhead - max(len(a) for a in acts)
-    reasoning = [t for t in range(4, len(tok)) if t not in used][:n_reason]
-    chains = [(list(map(int, fmt.reply_tokens(a, reasoning))) + [int(fmt.stop_ids[0])], 1.0) for a in acts]
-    policy = chain_policy(fmt, chains, len(tok), seed=0)
-    max_len = fmt.tokens_needed(max_turns, env.max_obs_len, THINK_REPLY)
-    return env, fmt, policy, max_len
+MAX_TURNS = 32
 
 
 def _time(fn, repeats: int) -> float:
+    jax.block_until_ready(fn())  # warm-up (compile)
     best = float("inf")
     for _ in range(repeats):
         t0 = time.perf_counter()
@@ -68,94 +57,100 @@ def _time(fn, repeats: int) -> float:
     return best
 
 
+def decode_ceiling(policy, batch: int, context: int, steps: int, max_len: int, repeats: int) -> float:
+    """Tokens/s of a minimal jitted loop: `steps` x (extend one token per row + sample) at `context`."""
+    from flax import nnx
+
+    graphdef, params = nnx.split(policy)
+    sampling = SamplingConfig(temperature=1.0)
+
+    @jax.jit
+    def loop(params, key):
+        model = nnx.merge(graphdef, params)
+        cache = model.init_cache(batch, max_len)
+        ones = jnp.ones((batch,), jnp.int32)
+        prompt = jnp.full((batch, context), 5, jnp.int32)
+        logits, cache = model.extend(prompt, ones * context, ones * 0, cache, last_only=True)
+
+        def body(i, c):
+            cache, logits, out = c
+            keys = jax.random.split(jax.random.fold_in(key, i), batch)
+            tok, _ = sample(keys, logits[:, 0] if logits.ndim == 3 else logits, sampling)
+            lg, cache = model.extend(tok[:, None], ones, ones * (context + i), cache)
+            return cache, lg, out + tok.sum()
+
+        return jax.lax.fori_loop(0, steps, body, (cache, logits, jnp.int32(0)))[2]
+
+    t = _time(lambda: loop(params, jax.random.key(0)), repeats)
+    return batch * steps / t
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--batches", default="64,256")
-    ap.add_argument("--turns", default="8,32")
-    ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--python-repeats", type=int, default=1)
-    ap.add_argument("--skip-python", action="store_true")
-    ap.add_argument("--skip-think", action="store_true", help="skip the think_answer (64-token replies) case")
+    ap.add_argument("--quick", action="store_true", help="fewer repeats (under 5 minutes on 2 idle cores)")
+    ap.add_argument("--repeats", type=int, default=None)
+    ap.add_argument("--python", action="store_true", help="also time the Python-driven loop at 64 x 8")
     args = ap.parse_args()
-    batches = [int(b) for b in args.batches.split(",")]
-    turns_list = [int(t) for t in args.turns.split(",")]
+    repeats = args.repeats or (1 if args.quick else 3)
 
     tok = train_tiny_tokenizer(corpus(["corridor"], observations=False), 384)
-    env = make("corridor", tok, length=64, eps=0.1)  # no episode can end within 32 turns
+    env = make("corridor", tok, length=64, eps=0.1)
     fmt = default_format(env)
     policy = steered_policy(env, fmt, seed=0, scale=3.0)
     reply = env.max_action_len + 2
-    max_turns = max(turns_list)
-    max_len = fmt.tokens_needed(max_turns, env.max_obs_len, reply)
-    print(f"device={jax.devices()[0].platform} env=corridor(L=64) max_len={max_len} reply_tokens={reply}")
+    max_len = fmt.tokens_needed(MAX_TURNS, env.max_obs_len, reply)
+    base = RolloutConfig(max_turns=MAX_TURNS, max_reply_tokens=reply, max_len=max_len,
+                         sampling=SamplingConfig(temperature=1.0))
+    compact = dataclasses.replace(base, compact_min_rows=8)
+    print(f"device={jax.devices()[0].platform} env=corridor(L=64) max_len={max_len} reply_tokens={reply} "
+          f"prefix={len(fmt.prefix)} tokens")
+    compiles.reset_counts()
 
-    rows = []
-    for batch in batches:
-        for turns in turns_list:
-            cfg = RolloutConfig(max_turns=turns, max_reply_tokens=reply, max_len=max_len,
-                                sampling=SamplingConfig(temperature=1.0))
-            tasks = {"seed": jnp.arange(batch, dtype=jnp.int32)}
-            caps = jnp.full((batch,), turns, jnp.int32)
-            key = jax.random.key(0)
-            t0 = time.perf_counter()
-            tr = jax.block_until_ready(rollout(policy, env, tasks, caps, key, cfg))
-            first = time.perf_counter() - t0
-            t_jit = _time(lambda: rollout(policy, env, tasks, caps, key, cfg), args.repeats)
-            env_turns = int(np.asarray(tr.turns_used).sum())
-            policy_tokens = int(np.asarray(tr.loss_mask).sum())
-            context_tokens = int(np.asarray(tr.length).sum())
-            row = dict(batch=batch, turns=turns, env_turns=env_turns, policy_tokens=policy_tokens,
-                       context_tokens=context_tokens, compile_s=round(first - t_jit, 3), jit_s=round(t_jit, 4),
-                       jit_turns_per_s=round(env_turns / t_jit, 1), jit_tokens_per_s=round(policy_tokens / t_jit, 1),
-                       jit_context_tokens_per_s=round(context_tokens / t_jit, 1))
-            if not args.skip_python:
-                python_loop_rollout(policy, env, tasks, caps, key, cfg)  # compile its per-turn generate
-                t_py = _time(lambda: python_loop_rollout(policy, env, tasks, caps, key, cfg), args.python_repeats)
-                row.update(python_s=round(t_py, 4), python_turns_per_s=round(env_turns / t_py, 1),
-                           python_tokens_per_s=round(policy_tokens / t_py, 1), speedup=round(t_py / t_jit, 2))
-            rows.append(row)
-            print(" ".join(f"{k}={v}" for k, v in row.items()), flush=True)
+    def run(batch: int, caps: np.ndarray, cfg: RolloutConfig):
+        tasks = {"seed": jnp.arange(batch, dtype=jnp.int32)}
+        caps = jnp.asarray(caps, jnp.int32)
+        fn = lambda: rollout(policy, env, tasks, caps, jax.random.key(0), cfg)  # noqa: E731
+        t = _time(fn, repeats)
+        tr = jax.tree.map(np.asarray, fn())
+        sampled = float(tr.loss_mask.sum())
+        useful = float(tr.length.sum()) - len(fmt.prefix) * batch  # every real token of a turn, no padding
+        row = dict(batch=batch, turns=int(caps.max()), seconds=round(t, 4), env_turns=int(tr.turns_used.sum()),
+                   turns_per_s=round(float(tr.turns_used.sum()) / t, 1), sampled_tokens=int(sampled),
+                   useful_tokens_per_s=round(useful / t, 1),
+                   mean_context=round(float(tr.length.mean()) / 2, 1))  # live context averaged over the episode
+        print(" ".join(f"{k}={v}" for k, v in row.items()), flush=True)
+        return row
 
-    think_rows = []
-    if not args.skip_think:
-        t_env, t_fmt, t_policy, t_len = think_setup(max_turns)
-        for batch in batches:
-            for turns in turns_list:
-                cfg = RolloutConfig(max_turns=turns, max_reply_tokens=THINK_REPLY, max_len=t_len,
-                                    sampling=SamplingConfig(temperature=1.0))
-                tasks = {"seed": jnp.arange(batch, dtype=jnp.int32)}
-                caps = jnp.full((batch,), turns, jnp.int32)
-                key = jax.random.key(0)
-                tr = jax.block_until_ready(rollout(t_policy, t_env, tasks, caps, key, cfg, fmt=t_fmt))
-                t_jit = _time(lambda: rollout(t_policy, t_env, tasks, caps, key, cfg, fmt=t_fmt), args.repeats)
-                env_turns = int(np.asarray(tr.turns_used).sum())
-                valid = float((np.asarray(tr.action)[np.asarray(tr.turn_active)] >= 0).mean())
-                row = dict(batch=batch, turns=turns, reply_tokens=THINK_REPLY, env_turns=env_turns,
-                           valid_action_rate=round(valid, 3), jit_s=round(t_jit, 4),
-                           jit_turns_per_s=round(env_turns / t_jit, 1),
-                           jit_tokens_per_s=round(float(np.asarray(tr.loss_mask).sum()) / t_jit, 1))
-                think_rows.append(row)
-                print("think_answer " + " ".join(f"{k}={v}" for k, v in row.items()), flush=True)
+    out: dict = {"bench": "rollout", "device": jax.devices()[0].platform}
+    by_turns = {n: run(16, np.full(16, n), base) for n in (8, 16, 32)}
+    out["t16_over_t8"] = round(by_turns[16]["seconds"] / by_turns[8]["seconds"], 3)
+    out["t32_over_t16"] = round(by_turns[32]["seconds"] / by_turns[16]["seconds"], 3)
 
-    summary = {"bench": "rollout", "device": jax.devices()[0].platform, "rows": rows, "think_answer_rows": think_rows}
-    by = {(r["batch"], r["turns"]): r for r in rows}
-    lo, hi = min(turns_list), max(turns_list)
-    for batch in batches:
-        if (batch, lo) in by and (batch, hi) in by and lo != hi:
-            summary[f"t{hi}_over_t{lo}_batch{batch}"] = round(by[batch, hi]["jit_s"] / by[batch, lo]["jit_s"], 3)
-    big = by.get((max(batches), hi), {})
-    if "speedup" in big:
-        summary[f"speedup_batch{max(batches)}_turns{hi}"] = big["speedup"]
-    print("\n| batch | turns | jit turns/s | jit tokens/s | python turns/s | speedup | compile s |")
-    print("|---|---|---|---|---|---|---|")
-    for r in rows:
-        print(f"| {r['batch']} | {r['turns']} | {r['jit_turns_per_s']} | {r['jit_tokens_per_s']} | "
-              f"{r.get('python_turns_per_s', '-')} | {r.get('speedup', '-')} | {r['compile_s']} |")
-    for r in think_rows:
-        plain = by.get((r["batch"], r["turns"]), {})
-        print(f"| {r['batch']} | {r['turns']} | think_answer ({THINK_REPLY}-token replies) {r['jit_turns_per_s']} turns/s, "
-              f"{r['jit_tokens_per_s']} tokens/s vs plain {plain.get('jit_turns_per_s', '-')} turns/s |")
-    print(json.dumps(summary))
+    for batch in (64, 256):
+        row = run(batch, np.full(batch, 16), base)
+        ceiling = decode_ceiling(policy, batch, int(row["mean_context"]), 64, max_len, repeats)
+        out[f"ceiling_tokens_per_s_{batch}x16"] = round(ceiling, 1)
+        out[f"ceiling_ratio_{batch}x16"] = round(row["useful_tokens_per_s"] / ceiling, 3)
+        out[f"turns_per_s_{batch}x16"] = row["turns_per_s"]
+    out["batch256_over_batch16"] = round(out["turns_per_s_256x16"] / by_turns[16]["turns_per_s"], 3)
+
+    mix_caps = np.asarray(np.random.default_rng(0).choice([2, 4, 6, 8], size=64), np.int32)
+    for label, cfg in (("compact", compact), ("no_compact", base)):
+        mix, full = run(64, mix_caps, cfg), run(64, np.full(64, 8), cfg)
+        ratio = round(mix["seconds"] / full["seconds"], 3)
+        out["mix_cost_ratio" if label == "compact" else "mix_cost_ratio_no_compaction"] = ratio
+    out["mix_turns_played_ratio"] = round(float(mix_caps.mean()) / 8, 3)
+
+    if args.python:
+        tasks, caps = {"seed": jnp.arange(64, dtype=jnp.int32)}, jnp.full((64,), 8, jnp.int32)
+        cfg8 = dataclasses.replace(base, max_turns=8)
+        t_py = _time(lambda: python_loop_rollout(policy, env, tasks, caps, jax.random.key(0), cfg8), 1)
+        t_jit = _time(lambda: rollout(policy, env, tasks, caps, jax.random.key(0), cfg8), repeats)
+        out["compiled_over_python_64x8"] = round(t_py / t_jit, 2)
+
+    out["compiles"] = compiles.counts().get("rollout", 0)
+    out["compile_note"] = "one rollout program per batch shape (16, 64, 256) plus one for compaction at 64"
+    print(json.dumps(out))
 
 
 if __name__ == "__main__":

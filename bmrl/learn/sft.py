@@ -154,7 +154,8 @@ def run_sft(cfg: Config, *, log: Callable[[str], Any] = print, return_model: boo
     env = make_env(cfg, tokenizer)
     fmt = default_format(env)
     check_fits(cfg, env, fmt)
-    cap = fitting_cap(cfg, env, fmt, make_budget(cfg.budget).max_cap)  # the largest training cap that fits
+    budget = make_budget(cfg.budget)
+    cap = fitting_cap(cfg, env, fmt, budget.max_cap)  # the largest training cap that fits
     demo_len = min(cfg.rollout.max_len, demo_tokens_needed(env, fmt, s.demo_turns))
     o = s.optim
     tx = make_optimizer(
@@ -189,8 +190,8 @@ def run_sft(cfg: Config, *, log: Callable[[str], Any] = print, return_model: boo
         idx = order[(step * s.batch_size + np.arange(s.batch_size)) % len(order)]
         k = jax.random.fold_in(jax.random.fold_in(key, 1), step)
         caps = None
-        if cfg.env.show_budget:  # show varied budgets, as RL and evaluation will
-            caps = jax.random.randint(jax.random.fold_in(k, 7), (s.batch_size,), 1, s.demo_turns + 1)
+        if cfg.env.show_budget:  # show the budgets RL will: drawn from the run's budget sampler
+            caps = jnp.minimum(budget.sample(jax.random.fold_in(k, 7), s.batch_size), s.demo_turns)
         return make_demos(
             env, fmt, {"seed": jnp.asarray(train["seed"][idx])}, k, num_turns=s.demo_turns,
             max_len=demo_len, noise=s.noise, caps=caps,
