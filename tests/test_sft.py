@@ -78,14 +78,15 @@ def test_bad_sft_config_exits_2_and_writes_nothing(tmp_path, capsys):
 
 
 def test_check_fits_refuses_and_warns(tiny_tokenizer):
-    from bmrl.policy import check_fits, make_env
+    from bmrl.build import check_fits, make_budget, make_env
     from bmrl.rollout import default_format
 
     cfg = build({}, ["env.options={length: 4}", "rollout.max_len=200", "rollout.max_turns=12", "eval.ts=[1,4,8]",
                      "budget.kind=mix", "budget.budgets=[2,8]"])
     env = make_env(cfg, tiny_tokenizer)
     with pytest.warns(UserWarning, match="largest cap"):
-        problems = check_fits(cfg, env, default_format(env))
+        problems = check_fits(cfg, env, default_format(env), make_budget(cfg.budget))
     assert problems
     with pytest.raises(ConfigError, match="rollout.max_reply_tokens"):
-        check_fits(build({}, ["rollout.max_reply_tokens=1"]), env, default_format(env))
+        bad = build({}, ["rollout.max_reply_tokens=1"])
+        check_fits(bad, env, default_format(env), make_budget(bad.budget))

@@ -1,7 +1,7 @@
 """`bmrl eval --config FILE --policy DIR [--policy DIR2 ...]`: Pass@(K,T), decomposition and report.
 
 Each policy (a local Hugging Face directory with its tokenizer) is evaluated on the same held-out
-test tasks of the config's environment (`bmrl.policy.split_tasks(cfg, "test", eval.num_tasks)`)
+test tasks of the config's environment (`bmrl.build.split_tasks(cfg, "test", eval.num_tasks)`)
 with the same keys, over the grid eval.ks x eval.ts in eval.mode; then on a fixed probe set of
 noisy-oracle states (decision accuracy) and again with errors injected (recovery with errors
 equalised). Writes results.json, PNG plots and report.md to --out (default <out_dir>/eval). With
@@ -51,14 +51,15 @@ def _names(args: argparse.Namespace) -> list[str]:
 
 
 def _inject_turns(text: str, max_turns: int) -> list[int]:
+    from bmrl.config import check_caps
+
     if text.strip().lower() in ("none", ""):
         return []
     try:
         turns = sorted({int(t) for t in text.split(",") if t.strip()})
     except ValueError:
         raise ValueError(f"--inject-turns: cannot read {text!r}; give 1-based turns like 1,3 or 'none'.") from None
-    if turns and (turns[0] < 1 or turns[-1] > max_turns):
-        raise ValueError(f"--inject-turns must be in 1..{max_turns} (rollout.max_turns), got {turns}.")
+    check_caps("--inject-turns", turns, max_turns, "give 1-based turns like 1,3 or 'none'")
     return [t - 1 for t in turns]
 
 
@@ -77,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace, cfg) -> int:
-    from bmrl import policy as pol
+    from bmrl import build as pol
     from bmrl.eval.report import write_report
     from bmrl.eval.run import evaluate_policies
 

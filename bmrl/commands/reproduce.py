@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-import sys
-
-from bmrl.commands._common import EXIT_CONFIG, ConfigExit, add_config_args, load_config
+from bmrl.commands._common import add_config_args, config_exit, load_run
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -25,14 +23,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bmrl.config import ConfigError, check_reproduce
+    from bmrl.config import ConfigError, check_fits, check_reproduce, make_budget
     from bmrl.reproduce import reproduce
 
-    cfg = load_config(args, "reproduce")
+    cfg, built = load_run(args, "reproduce")
     try:
         check_reproduce(cfg)
+        for name, b in cfg.reproduce.variants.items():  # each RL stage's buffer, before anything is written
+            check_fits(cfg, built.env, built.fmt, make_budget(b, f"reproduce.variants.{name}"))
     except ConfigError as err:
-        print(f"bmrl reproduce: config error: {err}", file=sys.stderr)
-        raise ConfigExit(EXIT_CONFIG) from None
+        raise config_exit("reproduce", err) from None
     reproduce(cfg)
     return 0
