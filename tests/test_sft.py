@@ -69,8 +69,9 @@ def test_bad_sft_config_exits_2_and_writes_nothing(tmp_path, capsys):
 
     for override in ("sft.noise=1.5", "rollout.max_len=64", "model.path=/nonexistent/policy"):
         out = tmp_path / override.split("=")[0]
+        (tmp_path / "cfg.yaml").write_text("seed: 0\n")
         with pytest.raises(SystemExit) as exc:
-            main(["sft", override, f"out_dir={out}"])
+            main(["sft", "--config", str(tmp_path / "cfg.yaml"), override, f"out_dir={out}"])
         assert exc.value.code == 2, override
         err = capsys.readouterr().err
         assert override.split("=")[0] in err, err

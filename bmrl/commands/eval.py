@@ -15,7 +15,7 @@ import argparse
 import os
 import sys
 
-from bmrl.commands._common import ConfigExit, add_config_args, load_config
+from bmrl.commands._common import add_config_args, config_exit, load_config
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -70,8 +70,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         return _run(args, cfg)
     except ConfigError as err:
-        print(f"bmrl eval: config error: {err}", file=sys.stderr)
-        raise ConfigExit(2) from None
+        raise config_exit("eval", err) from None
     except (ValueError, OSError) as err:
         print(f"bmrl eval: error: {err}", file=sys.stderr)
         return 2

@@ -1,7 +1,8 @@
-"""`bmrl sft --config FILE key=value ...` (--config required): train the SFT base policy (eps-noisy oracle demonstrations).
+"""`bmrl sft --config FILE key=value ...`: train the SFT base policy (eps-noisy oracle demonstrations).
 
 Writes <out_dir>/policy (a Hugging Face directory with its tokenizer), config.yaml,
-sft_metrics.jsonl and summary.json. A bad config stops before any work with exit status 2.
+sft_metrics.jsonl and summary.json. --config is required. A bad config (the buffer and model directory
+included) stops before anything is written, with exit status 2.
 """
 
 from __future__ import annotations
