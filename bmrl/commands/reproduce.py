@@ -23,14 +23,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bmrl.config import ConfigError, check_fits, check_reproduce, make_budget
+    from bmrl.config import ConfigError, check_fits, check_reproduce
     from bmrl.reproduce import reproduce
 
     cfg, built = load_run(args, "reproduce")
     try:
-        check_reproduce(cfg)
-        for name, b in cfg.reproduce.variants.items():  # each RL stage's buffer, before anything is written
-            check_fits(cfg, built.env, built.fmt, make_budget(b, f"reproduce.variants.{name}"))
+        for budget in check_reproduce(cfg).values():  # each RL stage's buffer, before anything is written
+            check_fits(cfg, built.env, built.fmt, budget)
     except ConfigError as err:
         raise config_exit("reproduce", err) from None
     reproduce(cfg)

@@ -44,7 +44,7 @@ def _in_range(key: str, value: float, lo: float, hi: float, lo_open: bool = Fals
 
 def check_caps(key: str, caps, max_turns: int, fix: str = "raise rollout.max_turns or lower the caps") -> None:
     """Refuse turn caps (budgets, eval.ts, 1-based injection turns) outside [1, rollout.max_turns]."""
-    caps = list(caps)
+    caps = sorted(set(caps))
     if not caps:
         raise ConfigError(key, "is empty; give at least one turn cap.")
     if min(caps) < 1 or max(caps) > max_turns:
@@ -105,8 +105,9 @@ def check_seed(key: str, seed: int) -> None:
         )
 
 
-def check_reproduce(cfg: Config) -> None:
-    """Refuse a `reproduce` section that cannot run (checked by `bmrl reproduce` before any work)."""
+def check_reproduce(cfg: Config) -> dict:
+    """Refuse a `reproduce` section that cannot run (checked by `bmrl reproduce` before any work);
+    returns the `Budget` of each variant by name."""
     rep = cfg.reproduce
     if not rep.seeds or len(set(rep.seeds)) != len(rep.seeds):
         raise ConfigError("reproduce.seeds", f"needs one or more distinct seeds, got {rep.seeds}.")
@@ -114,10 +115,11 @@ def check_reproduce(cfg: Config) -> None:
         check_seed("reproduce.seeds", seed)
     if not rep.variants:
         raise ConfigError("reproduce.variants", "needs at least one RL budget variant.")
+    budgets = {}
     for name, b in rep.variants.items():
         if name == "base" or not name.replace("_", "").replace("-", "").isalnum():
             raise ConfigError(f"reproduce.variants.{name}", "variant names are letters, digits, '_' or '-', and not 'base'.")
-        budget = make_budget(b, f"reproduce.variants.{name}")
+        budget = budgets[name] = make_budget(b, f"reproduce.variants.{name}")
         check_caps(f"reproduce.variants.{name}", cap_range(budget), cfg.rollout.max_turns, "raise max_turns or lower the budget")
     for role in ("generous", "tight", "budgetmix"):
         if getattr(rep, role) not in rep.variants:
@@ -129,6 +131,7 @@ def check_reproduce(cfg: Config) -> None:
     _in_range("reproduce.inject_prob", rep.inject_prob, 0, 1)
     _in_range("reproduce.probe_noise", rep.probe_noise, 0, 1, hi_open=True)
     _positive(rep, "reproduce", ("window",))
+    return budgets
 
 
 def _env_options_error(name: str, options: dict) -> str | None:
