@@ -19,10 +19,10 @@ from typing import Any
 
 import numpy as np
 
-from bmrl.config import Config, ConfigError, check_fits, fitting_cap, make_budget
+from bmrl.config import Config, ConfigError, check_fits, check_reproduce, fitting_cap, make_budget
 
 __all__ = [
-    "Run", "build_run", "build_tokenizer", "check_fits", "fitting_cap", "load_policy", "make_budget", "make_env",
+    "Run", "build_reproduce_run", "build_run", "build_tokenizer", "check_fits", "fitting_cap", "load_policy", "make_budget", "make_env",
     "mesh_config", "model_config", "new_policy", "rollout_config", "split_seeds", "split_tasks",
 ]
 
@@ -205,6 +205,16 @@ def build_run(cfg: Config, tokenizer=None) -> Run:
     problems = check_fits(cfg, env, fmt, budget)
     return Run(cfg, tokenizer, env, fmt, budget, rollout_config(cfg), rollout_config(cfg, for_eval=True),
                mesh_config(cfg), tuple(problems))
+
+
+def build_reproduce_run(cfg: Config) -> Run:
+    """`build_run` for `bmrl reproduce`: also checks the reproduce section and every variant's budget
+    against the context buffer (each RL stage's), before anything is written."""
+    budgets = check_reproduce(cfg)
+    run = build_run(cfg)
+    for budget in budgets.values():
+        check_fits(cfg, run.env, run.fmt, budget)
+    return run
 
 
 def split_seeds(env_name: str, split: str, n: int) -> np.ndarray:

@@ -250,11 +250,9 @@ def _check_spec(spec: SweepSpec) -> None:
 
 def _check_runtime(command: str, cfg: Config) -> None:
     """What `bmrl <command>` checks before writing, for one run of the sweep (ConfigError if bad)."""
-    from bmrl.build import build_run
+    from bmrl.build import build_reproduce_run, build_run
 
-    if command == "reproduce":
-        config_lib.check_reproduce(cfg)
-    build_run(cfg)
+    (build_reproduce_run if command == "reproduce" else build_run)(cfg)
 
 
 def load_sweep(path: str | os.PathLike, overrides: list[str] | tuple[str, ...] = (), out_dir: str | None = None) -> Sweep:

@@ -45,14 +45,15 @@ def load_config(args: argparse.Namespace, prog: str):
         raise config_exit(prog, err) from None
 
 
-def load_run(args: argparse.Namespace, prog: str):
-    """(cfg, run): the validated Config of `args` and its `bmrl.build.Run`, built before anything is
-    written; a bad config or a runtime fact that fails (buffer, model directory, mesh) exits 2."""
+def load_run(args: argparse.Namespace, prog: str, build_fn=None):
+    """(cfg, run): the validated Config of `args` and its `bmrl.build.Run` (`build_fn`, default
+    `build_run`), built before anything is written; a bad config or a runtime fact that fails (buffer,
+    model directory, mesh) exits 2."""
     from bmrl.build import build_run
     from bmrl.config import ConfigError
 
     cfg = load_config(args, prog)
     try:
-        return cfg, build_run(cfg)
+        return cfg, (build_fn or build_run)(cfg)
     except ConfigError as err:
         raise config_exit(prog, err) from None

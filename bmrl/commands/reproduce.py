@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from bmrl.commands._common import add_config_args, config_exit, load_run
+from bmrl.commands._common import add_config_args, load_run
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -23,14 +23,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bmrl.config import ConfigError, check_fits, check_reproduce
+    from bmrl.build import build_reproduce_run
     from bmrl.reproduce import reproduce
 
-    cfg, built = load_run(args, "reproduce")
-    try:
-        for budget in check_reproduce(cfg).values():  # each RL stage's buffer, before anything is written
-            check_fits(cfg, built.env, built.fmt, budget)
-    except ConfigError as err:
-        raise config_exit("reproduce", err) from None
+    cfg, _ = load_run(args, "reproduce", build_reproduce_run)  # the reproduce section, every variant's buffer
     reproduce(cfg)
     return 0
