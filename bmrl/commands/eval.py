@@ -50,17 +50,14 @@ def _names(args: argparse.Namespace) -> list[str]:
     return names
 
 
-def _inject_turns(text: str, max_turns: int) -> list[int]:
-    from bmrl.config import check_caps
-
+def _inject_turns(text: str) -> list[int]:
+    """1-based turns from `1,3` or `none`."""
     if text.strip().lower() in ("none", ""):
         return []
     try:
-        turns = sorted({int(t) for t in text.split(",") if t.strip()})
+        return sorted({int(t) for t in text.split(",") if t.strip()})
     except ValueError:
         raise ValueError(f"--inject-turns: cannot read {text!r}; give 1-based turns like 1,3 or 'none'.") from None
-    check_caps("--inject-turns", turns, max_turns, "give 1-based turns like 1,3 or 'none'")
-    return [t - 1 for t in turns]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -78,15 +75,17 @@ def run(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace, cfg) -> int:
     from bmrl import build as pol
+    from bmrl.config import check_probes
     from bmrl.eval.report import write_report
     from bmrl.eval.run import evaluate_policies
 
     names = _names(args)
     if args.baseline is not None and args.baseline not in names:
         raise ValueError(f"--baseline {args.baseline!r} is not one of the policy names {names}.")
-    if not 0.0 <= args.inject_prob <= 1.0:
-        raise ValueError(f"--inject-prob must be in [0, 1], got {args.inject_prob}.")
-    inject_turns = _inject_turns(args.inject_turns, cfg.rollout.max_turns)
+    turns = _inject_turns(args.inject_turns)
+    check_probes(turns, args.inject_prob, args.probe_noise, args.window, cfg.rollout.max_turns,
+                 keys=("--inject-turns", "--inject-prob", "--probe-noise", "--window"))
+    inject_turns = [t - 1 for t in turns]  # 0-based
     e = cfg.eval
     out = args.out or os.path.join(cfg.out_dir, "eval")
     policies = {name: pol.load_policy(path) for name, path in zip(names, args.policy)}  # fail early on a bad dir

@@ -37,7 +37,7 @@ def _positive(cfg: Any, prefix: str, names: tuple[str, ...], minimum: int = 1) -
 
 
 def _in_range(key: str, value: float, lo: float, hi: float, lo_open: bool = False, hi_open: bool = False) -> None:
-    if (value <= lo if lo_open else value < lo) or (value >= hi if hi_open else value > hi):
+    if not math.isfinite(value) or (value <= lo if lo_open else value < lo) or (value >= hi if hi_open else value > hi):
         interval = f"{'(' if lo_open else '['}{lo}, {hi}{')' if hi_open else ']'}"
         raise ConfigError(key, f"must be in {interval}, got {value}.")
 
@@ -126,12 +126,23 @@ def check_reproduce(cfg: Config) -> dict:
             raise ConfigError(f"reproduce.{role}", f"{getattr(rep, role)!r} is not a variant; variants are {sorted(rep.variants)}.")
     if rep.small_t not in cfg.eval.ts:
         raise ConfigError("reproduce.small_t", f"{rep.small_t} must be one of eval.ts={cfg.eval.ts}.")
-    if rep.inject_turns:
-        check_caps("reproduce.inject_turns", rep.inject_turns, cfg.rollout.max_turns, "give 1-based turns, or [] for none")
-    _in_range("reproduce.inject_prob", rep.inject_prob, 0, 1)
-    _in_range("reproduce.probe_noise", rep.probe_noise, 0, 1, hi_open=True)
-    _positive(rep, "reproduce", ("window",))
+    check_probes(rep.inject_turns, rep.inject_prob, rep.probe_noise, rep.window, cfg.rollout.max_turns)
     return budgets
+
+
+PROBE_KEYS = ("reproduce.inject_turns", "reproduce.inject_prob", "reproduce.probe_noise", "reproduce.window")
+
+
+def check_probes(inject_turns, inject_prob: float, probe_noise: float, window: int, max_turns: int,
+                 keys: tuple[str, str, str, str] = PROBE_KEYS) -> None:
+    """The error-injection and probe settings, of the `reproduce` section or of `bmrl eval`'s flags
+    (`keys` name them): 1-based turns within the turn buffer, probabilities, a window >= 1."""
+    if inject_turns:
+        check_caps(keys[0], inject_turns, max_turns, "give 1-based turns, or none")
+    _in_range(keys[1], inject_prob, 0, 1)
+    _in_range(keys[2], probe_noise, 0, 1, hi_open=True)
+    if window < 1:
+        raise ConfigError(keys[3], f"must be >= 1 (turns allowed to get back on track), got {window}.")
 
 
 def _env_options_error(name: str, options: dict) -> str | None:
