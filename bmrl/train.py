@@ -37,7 +37,7 @@ from bmrl.checkpoint import Checkpointer, key_data
 from bmrl.learn import make_optimizer
 from bmrl.learn import step as step_lib
 from bmrl.metrics import MetricsLogger, Progress, to_scalar
-from bmrl.parallel import MeshConfig, make_mesh, shard_batch, shard_params
+from bmrl.parallel import make_mesh, shard_batch, shard_params
 from bmrl.rollout import Injection, check_config, make_rollout
 
 EVAL_STREAM = 0x3E7A1  # fold_in constant separating evaluation keys from training keys
@@ -154,7 +154,7 @@ def train(cfg, *, progress: bool | None = None, run: policy_lib.Run | None = Non
     with open(os.path.join(out, "config.yaml"), "w") as f:
         f.write(config_lib.to_yaml(cfg))
 
-    mesh = make_mesh(MeshConfig(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor))
+    mesh = make_mesh(policy_lib.mesh_config(cfg) if run is None else run.mesh)
     policy, tok = init_policy(cfg)
     run = policy_lib.build_run(cfg, tok) if run is None else run  # checked before any write by `bmrl train`
     env, fmt, rcfg, budget = run.env, run.fmt, run.rollout, run.budget
