@@ -41,7 +41,14 @@ def main(argv: list[str] | None = None) -> int:
         from bmrl.distributed import initialize
 
         initialize()
-    return int(args.func(args) or 0)
+    from bmrl.config import ConfigError
+
+    try:
+        return int(args.func(args) or 0)
+    except ConfigError as err:  # raised past a command's own checks: still bad input, exit 2, no traceback
+        from bmrl.commands._common import config_exit
+
+        raise config_exit(args.command, err) from None
 
 
 if __name__ == "__main__":

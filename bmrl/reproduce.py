@@ -239,7 +239,7 @@ def reproduce(cfg: Config, *, log: Callable[[str], Any] = print) -> dict:
     from bmrl.eval.report import write_report
     from bmrl.eval.run import evaluate_policies
     from bmrl.learn.sft import run_sft
-    from bmrl.policy import load_policy
+    from bmrl.build import load_policy
     from bmrl.train import train
 
     check_reproduce(cfg)

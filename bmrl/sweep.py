@@ -11,8 +11,9 @@
     seeds: [0, 1]                    # sets `seed`; the outermost loop
     metrics: [success]               # optional summary columns (default: every scalar metric)
 
-Every run's config is built and validated before the first run starts, so a bad value anywhere stops
-the sweep with a ConfigError (exit status 2) and nothing written. Runs execute one after another in
+Every run's config is built and validated before the first run starts, with what the run builds
+(`bmrl.build.build_run`: context buffer, model directory, mesh), so a bad value anywhere stops the
+sweep with a ConfigError (exit status 2) and nothing written. Runs execute one after another in
 this process (sharing compile caches), each in `<out_dir>/<name>` with its resolved `config.yaml`; a
 run is finished when its `summary.json` exists, so a rerun skips it. A run that raises is reported,
 its traceback kept in `error.txt`, and it is run again next time. At the end `summary.md` and
@@ -41,6 +42,7 @@ import yaml
 from bmrl import config as config_lib
 from bmrl.config import Config, ConfigError
 from bmrl.eval import markdown
+from bmrl.config.schema import hint_of
 
 # name -> "module:function" (imported when a sweep uses it) or a callable; each takes a validated
 # Config, writes cfg.out_dir/summary.json and returns the summary dict. `eval` and `reproduce` name the
@@ -79,7 +81,9 @@ def resolve_command(name: str) -> Callable[[Config], dict]:
 
 def _config_command(cfg: Config) -> dict:
     """`command: config`: only validates and records each run's config (a dry sweep; also for tests)."""
-    b = config_lib.make_budget(cfg.budget)
+    from bmrl.build import build_run
+
+    b = build_run(cfg).budget
     summary = {"min_cap": b.min_cap, "max_cap": b.max_cap, "batch": cfg.train.tasks_per_step * cfg.train.group_size}
     _write_json(os.path.join(cfg.out_dir, "summary.json"), summary)
     return summary
@@ -216,7 +220,7 @@ def _check_spec(spec: SweepSpec) -> None:
         for key, values in getattr(spec, section).items():
             if not values:
                 raise ConfigError(f"{section}.{key}", "is an empty list; give at least one value.")
-            if config_lib._hint(key) is None:
+            if hint_of(key) is None:
                 raise ConfigError(f"{section}.{key}", f"{key!r} is not a config key; see docs/configs.md.")
     if spec.seeds is not None and not spec.seeds:
         raise ConfigError("seeds", "is an empty list; give at least one seed or remove it.")
@@ -243,6 +247,13 @@ def _check_spec(spec: SweepSpec) -> None:
             raise ConfigError(f"overrides.{key}", "is swept; remove it from overrides.")
         if key == "out_dir":
             raise ConfigError("overrides.out_dir", "the sweep sets each run's out_dir; set the sweep's out_dir instead.")
+
+
+def _check_runtime(command: str, cfg: Config) -> None:
+    """What `bmrl <command>` checks before writing, for one run of the sweep (ConfigError if bad)."""
+    from bmrl.build import build_reproduce_run, build_run
+
+    (build_reproduce_run if command == "reproduce" else build_run)(cfg)
 
 
 def load_sweep(path: str | os.PathLike, overrides: list[str] | tuple[str, ...] = (), out_dir: str | None = None) -> Sweep:
@@ -281,6 +292,7 @@ def load_sweep(path: str | os.PathLike, overrides: list[str] | tuple[str, ...] =
         layers = [base, _nest(_flatten(spec.overrides)), cli, _nest(values), {"out_dir": os.path.join(sweep_dir, name)}]
         try:
             cfg = config_lib.build(layers)
+            _check_runtime(spec.command, cfg)
         except ConfigError as err:
             where = ", ".join(f"{k}={_fmt(v)}" for k, v in values.items()) or "the only run"
             message = str(err).removeprefix(err.key + ": ").rstrip(".")

@@ -31,14 +31,14 @@ import numpy as np
 from flax import nnx
 
 from bmrl import config as config_lib
-from bmrl import policy as policy_lib
+from bmrl import build as policy_lib
 from bmrl.distributed import to_host
 from bmrl.checkpoint import Checkpointer, key_data
 from bmrl.learn import make_optimizer
 from bmrl.learn import step as step_lib
 from bmrl.metrics import MetricsLogger, Progress, to_scalar
-from bmrl.parallel import MeshConfig, make_mesh, shard_batch, shard_params
-from bmrl.rollout import Injection, check_config, default_format, make_rollout
+from bmrl.parallel import make_mesh, shard_batch, shard_params
+from bmrl.rollout import Injection, check_config, make_rollout
 
 EVAL_STREAM = 0x3E7A1  # fold_in constant separating evaluation keys from training keys
 
@@ -50,7 +50,7 @@ class NonFiniteError(RuntimeError):
 # ---------------------------------------------------------------- policy, tasks
 def init_policy(cfg) -> tuple[nnx.Module, Any]:
     """(policy, tokenizer): from `cfg.model.path` (a Hugging Face directory, e.g. an SFT output), or
-    a fresh tiny decoder (seed `cfg.seed`) with the tiny tokenizer (`bmrl.policy`)."""
+    a fresh tiny decoder (seed `cfg.seed`) with the tiny tokenizer (`bmrl.build`)."""
     if cfg.model.path:
         return policy_lib.load_policy(cfg.model.path)
     tok = policy_lib.build_tokenizer(cfg)
@@ -139,7 +139,7 @@ def _check_resume_config(saved: dict | None, cfg) -> list[str]:
     return sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k) and k not in ("out_dir", "train.steps"))
 
 
-def train(cfg, *, progress: bool | None = None) -> dict:
+def train(cfg, *, progress: bool | None = None, run: policy_lib.Run | None = None) -> dict:
     """Run RL training for `cfg` (a validated `bmrl.config.Config`); returns the summary dict.
 
     Raises `NonFiniteError` after `cfg.train.max_nonfinite` non-finite updates in a row (the
@@ -151,14 +151,10 @@ def train(cfg, *, progress: bool | None = None) -> dict:
     with open(os.path.join(out, "config.yaml"), "w") as f:
         f.write(config_lib.to_yaml(cfg))
 
-    mesh = make_mesh(MeshConfig(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor))
+    mesh = make_mesh(policy_lib.mesh_config(cfg) if run is None else run.mesh)
     policy, tok = init_policy(cfg)
-    env = policy_lib.make_env(cfg, tok)
-    fmt = default_format(env)
-    policy_lib.check_fits(cfg, env, fmt)
-    rcfg = policy_lib.rollout_config(cfg)
-    budget = config_lib.make_budget(cfg.budget)
-    check_config(env, fmt, rcfg, budget.min_cap)
+    run = policy_lib.build_run(cfg, tok) if run is None else run  # checked before any write by `bmrl train`
+    env, fmt, rcfg, budget = run.env, run.fmt, run.rollout, run.budget
     train_seeds = policy_lib.split_tasks(cfg, "train")["seed"]
     test_seeds = policy_lib.split_tasks(cfg, "test", max(cfg.eval.num_tasks, 1))["seed"]
     batch = t.tasks_per_step * t.group_size

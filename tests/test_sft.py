@@ -69,8 +69,9 @@ def test_bad_sft_config_exits_2_and_writes_nothing(tmp_path, capsys):
 
     for override in ("sft.noise=1.5", "rollout.max_len=64", "model.path=/nonexistent/policy"):
         out = tmp_path / override.split("=")[0]
+        (tmp_path / "cfg.yaml").write_text("seed: 0\n")
         with pytest.raises(SystemExit) as exc:
-            main(["sft", override, f"out_dir={out}"])
+            main(["sft", "--config", str(tmp_path / "cfg.yaml"), override, f"out_dir={out}"])
         assert exc.value.code == 2, override
         err = capsys.readouterr().err
         assert override.split("=")[0] in err, err
@@ -78,14 +79,15 @@ def test_bad_sft_config_exits_2_and_writes_nothing(tmp_path, capsys):
 
 
 def test_check_fits_refuses_and_warns(tiny_tokenizer):
-    from bmrl.policy import check_fits, make_env
+    from bmrl.build import check_fits, make_budget, make_env
     from bmrl.rollout import default_format
 
     cfg = build({}, ["env.options={length: 4}", "rollout.max_len=200", "rollout.max_turns=12", "eval.ts=[1,4,8]",
                      "budget.kind=mix", "budget.budgets=[2,8]"])
     env = make_env(cfg, tiny_tokenizer)
     with pytest.warns(UserWarning, match="largest cap"):
-        problems = check_fits(cfg, env, default_format(env))
+        problems = check_fits(cfg, env, default_format(env), make_budget(cfg.budget))
     assert problems
     with pytest.raises(ConfigError, match="rollout.max_reply_tokens"):
-        check_fits(build({}, ["rollout.max_reply_tokens=1"]), env, default_format(env))
+        bad = build({}, ["rollout.max_reply_tokens=1"])
+        check_fits(bad, env, default_format(env), make_budget(bad.budget))

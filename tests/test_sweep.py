@@ -254,7 +254,10 @@ def test_repo_sweep_files_are_valid(monkeypatch):
         assert f.read_text().startswith("#"), f"{f.name}: start with a comment saying what it runs"
         command = yaml.safe_load(f.read_text())["command"]
         monkeypatch.setitem(sweep_lib.COMMANDS, command, Fake())  # validation must not need the real command
+        checked = []  # runtime facts (model.path: an SFT output not made here) are tested in test_config_refusals
+        monkeypatch.setattr(sweep_lib, "_check_runtime", lambda command, cfg: checked.append(cfg))
         s = sweep_lib.load_sweep(f)
+        assert checked == [r.config for r in s.runs]
         if f.name == "sweep_budgets.yaml":
             assert [r.name for r in s.runs] == [f"{k},seed={s}" for s in (0, 1) for k in ("fixed-tight", "fixed-generous", "mix")]
             assert [(r.config.budget.kind, r.config.budget.budgets) for r in s.runs[:3]] == [

@@ -260,7 +260,7 @@ def test_compile_count_constant_whatever_budgets(tmp_path):
     assert (out / "tb").is_dir() and os.listdir(out / "tb")
 
     # Caps are data: fixed, mix and uniform budgets through the same compiled programs.
-    from bmrl import policy as policy_lib
+    from bmrl import build as policy_lib
     from bmrl.rollout import Injection, default_format, make_rollout
 
     cfg = tiny_cfg(tmp_path)

@@ -1,4 +1,9 @@
-"""Shared CLI plumbing: `--config FILE` plus dotted overrides, and config errors as exit status 2."""
+"""Shared CLI plumbing: `--config FILE` plus dotted overrides, and config errors as exit status 2.
+
+Commands that start runs (`train`, `sft`, `reproduce`, `eval`) require `--config` and call
+`load_run`, which validates the config and builds (so checks) everything the run needs but the
+policy, before anything is written: a bad value exits 2 naming the key, with an empty out_dir.
+"""
 
 from __future__ import annotations
 
@@ -9,12 +14,21 @@ EXIT_CONFIG = 2
 
 
 class ConfigExit(SystemExit):
-    """Raised (and caught by `bmrl.cli.main`) to stop before any work with exit status 2."""
+    """Raised to stop before any work with exit status 2 (the message is already printed)."""
+
+
+def config_exit(prog: str, err: Exception) -> ConfigExit:
+    """Print `err` as `bmrl PROG: config error: ...` and return the exit-2 exception to raise."""
+    print(f"bmrl {prog}: config error: {err}", file=sys.stderr)
+    return ConfigExit(EXIT_CONFIG)
 
 
 def add_config_args(parser: argparse.ArgumentParser, required: bool = False) -> None:
     """`--config FILE` and any number of `key.subkey=value` overrides."""
-    parser.add_argument("--config", required=required, help="YAML config file (see configs/)")
+    parser.add_argument(
+        "--config", required=required,
+        help="YAML config file (see configs/)" + ("; required: a run records the file it came from" if required else ""),
+    )
     parser.add_argument(
         "overrides", nargs="*", metavar="KEY=VALUE",
         help="dotted overrides applied after the file, e.g. budget.kind=mix train.steps=20",
@@ -28,5 +42,18 @@ def load_config(args: argparse.Namespace, prog: str):
     try:
         return load(args.config, args.overrides)
     except ConfigError as err:
-        print(f"bmrl {prog}: config error: {err}", file=sys.stderr)
-        raise ConfigExit(EXIT_CONFIG) from None
+        raise config_exit(prog, err) from None
+
+
+def load_run(args: argparse.Namespace, prog: str, build_fn=None):
+    """(cfg, run): the validated Config of `args` and its `bmrl.build.Run` (`build_fn`, default
+    `build_run`), built before anything is written; a bad config or a runtime fact that fails (buffer,
+    model directory, mesh) exits 2."""
+    from bmrl.build import build_run
+    from bmrl.config import ConfigError
+
+    cfg = load_config(args, prog)
+    try:
+        return cfg, (build_fn or build_run)(cfg)
+    except ConfigError as err:
+        raise config_exit(prog, err) from None

@@ -1,7 +1,7 @@
 """`bmrl eval --config FILE --policy DIR [--policy DIR2 ...]`: Pass@(K,T), decomposition and report.
 
 Each policy (a local Hugging Face directory with its tokenizer) is evaluated on the same held-out
-test tasks of the config's environment (`bmrl.policy.split_tasks(cfg, "test", eval.num_tasks)`)
+test tasks of the config's environment (`bmrl.build.split_tasks(cfg, "test", eval.num_tasks)`)
 with the same keys, over the grid eval.ks x eval.ts in eval.mode; then on a fixed probe set of
 noisy-oracle states (decision accuracy) and again with errors injected (recovery with errors
 equalised). Writes results.json, PNG plots and report.md to --out (default <out_dir>/eval). With
@@ -15,7 +15,7 @@ import argparse
 import os
 import sys
 
-from bmrl.commands._common import ConfigExit, add_config_args, load_config
+from bmrl.commands._common import add_config_args, config_exit, load_config
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -50,16 +50,14 @@ def _names(args: argparse.Namespace) -> list[str]:
     return names
 
 
-def _inject_turns(text: str, max_turns: int) -> list[int]:
+def _inject_turns(text: str) -> list[int]:
+    """1-based turns from `1,3` or `none`."""
     if text.strip().lower() in ("none", ""):
         return []
     try:
-        turns = sorted({int(t) for t in text.split(",") if t.strip()})
+        return sorted({int(t) for t in text.split(",") if t.strip()})
     except ValueError:
         raise ValueError(f"--inject-turns: cannot read {text!r}; give 1-based turns like 1,3 or 'none'.") from None
-    if turns and (turns[0] < 1 or turns[-1] > max_turns):
-        raise ValueError(f"--inject-turns must be in 1..{max_turns} (rollout.max_turns), got {turns}.")
-    return [t - 1 for t in turns]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -69,24 +67,25 @@ def run(args: argparse.Namespace) -> int:
     try:
         return _run(args, cfg)
     except ConfigError as err:
-        print(f"bmrl eval: config error: {err}", file=sys.stderr)
-        raise ConfigExit(2) from None
+        raise config_exit("eval", err) from None
     except (ValueError, OSError) as err:
         print(f"bmrl eval: error: {err}", file=sys.stderr)
         return 2
 
 
 def _run(args: argparse.Namespace, cfg) -> int:
-    from bmrl import policy as pol
+    from bmrl import build as pol
+    from bmrl.config import check_probes
     from bmrl.eval.report import write_report
     from bmrl.eval.run import evaluate_policies
 
     names = _names(args)
     if args.baseline is not None and args.baseline not in names:
         raise ValueError(f"--baseline {args.baseline!r} is not one of the policy names {names}.")
-    if not 0.0 <= args.inject_prob <= 1.0:
-        raise ValueError(f"--inject-prob must be in [0, 1], got {args.inject_prob}.")
-    inject_turns = _inject_turns(args.inject_turns, cfg.rollout.max_turns)
+    turns = _inject_turns(args.inject_turns)
+    check_probes(turns, args.inject_prob, args.probe_noise, args.window, cfg.rollout.max_turns,
+                 keys=("--inject-turns", "--inject-prob", "--probe-noise", "--window"))
+    inject_turns = [t - 1 for t in turns]  # 0-based
     e = cfg.eval
     out = args.out or os.path.join(cfg.out_dir, "eval")
     policies = {name: pol.load_policy(path) for name, path in zip(names, args.policy)}  # fail early on a bad dir

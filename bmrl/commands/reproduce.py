@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-import sys
-
-from bmrl.commands._common import EXIT_CONFIG, ConfigExit, add_config_args, load_config
+from bmrl.commands._common import add_config_args, load_run
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -25,14 +23,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bmrl.config import ConfigError, check_reproduce
+    from bmrl.build import build_reproduce_run
     from bmrl.reproduce import reproduce
 
-    cfg = load_config(args, "reproduce")
-    try:
-        check_reproduce(cfg)
-    except ConfigError as err:
-        print(f"bmrl reproduce: config error: {err}", file=sys.stderr)
-        raise ConfigExit(EXIT_CONFIG) from None
+    cfg, _ = load_run(args, "reproduce", build_reproduce_run)  # the reproduce section, every variant's buffer
     reproduce(cfg)
     return 0

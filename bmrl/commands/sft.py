@@ -1,15 +1,15 @@
 """`bmrl sft --config FILE key=value ...`: train the SFT base policy (eps-noisy oracle demonstrations).
 
 Writes <out_dir>/policy (a Hugging Face directory with its tokenizer), config.yaml,
-sft_metrics.jsonl and summary.json. A bad config stops before any work with exit status 2.
+sft_metrics.jsonl and summary.json. --config is required. A bad config (the buffer and model directory
+included) stops before anything is written, with exit status 2.
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 
-from bmrl.commands._common import EXIT_CONFIG, ConfigExit, add_config_args, load_config
+from bmrl.commands._common import add_config_args, config_exit, load_run
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -19,21 +19,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    add_config_args(p)
+    add_config_args(p, required=True)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from bmrl.config import ConfigError
 
-    cfg = load_config(args, "sft")
+    cfg, built = load_run(args, "sft")
     from bmrl.learn.sft import run_sft
 
     try:
-        s = run_sft(cfg)
-    except ConfigError as err:  # found once the tokenizer/env exist (e.g. the buffer), before any write
-        print(f"bmrl sft: config error: {err}", file=sys.stderr)
-        raise ConfigExit(EXIT_CONFIG) from None
+        s = run_sft(cfg, run=built)
+    except ConfigError as err:  # e.g. weights that do not load (model.path), found before any write
+        raise config_exit("sft", err) from None
     print(
         f"sft {s['env']}: success@T={s['eval_T']} greedy {s['success_greedy']:.3f} sampled {s['success_sampled']:.3f} "
         f"(initial {s['init_success_greedy']:.3f}), decision accuracy {s['decision_accuracy_sampled']:.3f}, "

@@ -1,7 +1,8 @@
-"""`bmrl train --config FILE key=value ...`: RL training (rollout + policy-gradient update) with
+"""`bmrl train --config FILE key=value ...` (--config required): RL training (rollout + policy-gradient update) with
 BudgetMix caps, evaluation at several T, metrics, checkpoints and automatic resume.
 
-Exit status 0 on success, 2 on a config error (nothing written), 1 when training stops on too many
+Exit status 0 on success, 2 on a config error (checked, with the buffer, model directory and mesh, before
+anything is written), 1 when training stops on too many
 non-finite updates in a row.
 """
 
@@ -11,7 +12,7 @@ import argparse
 import json
 import sys
 
-from bmrl.commands._common import add_config_args, load_config
+from bmrl.commands._common import add_config_args, load_run
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -19,17 +20,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "train", help="RL training from a config (resumes from out_dir's checkpoints).",
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    add_config_args(p)
+    add_config_args(p, required=True)
     p.add_argument("--no-progress", action="store_true", help="disable the progress bar")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    cfg = load_config(args, "train")
+    cfg, built = load_run(args, "train")
     from bmrl.train import NonFiniteError, train
 
     try:
-        summary = train(cfg, progress=False if args.no_progress else None)
+        summary = train(cfg, progress=False if args.no_progress else None, run=built)
     except NonFiniteError as err:
         print(f"bmrl train: {err}", file=sys.stderr)
         return 1

@@ -31,10 +31,9 @@ def evaluate_policies(
     """{name: EvalResult} for `policies` = {name: (model, tokenizer)}; inject_turns are 0-based."""
     import jax
 
-    from bmrl import policy as pol
+    from bmrl import build as pol
     from bmrl.eval.decompose import probe_accuracy, probe_set
     from bmrl.eval.evaluate import attach_injection, evaluate
-    from bmrl.rollout import default_format
 
     e = cfg.eval
     tasks = pol.split_tasks(cfg, "test", e.num_tasks)
@@ -43,9 +42,8 @@ def evaluate_policies(
     common = dict(rollout_cfg=rcfg, window=window)
     results = {}
     for name, (model, tokenizer) in policies.items():
-        env = pol.make_env(cfg, tokenizer)
-        fmt = default_format(env)
-        pol.check_fits(cfg, env, fmt)
+        run = pol.build_run(cfg, tokenizer)  # this policy's tokenizer: env, format, checked buffer
+        env, fmt = run.env, run.fmt
         log(f"eval {name}: {e.num_tasks} tasks x {e.attempts} attempts, T in {list(e.ts)}, mode {e.mode}")
         result = evaluate(model, env, tasks, key=key, mode=e.mode, fmt=fmt, ts=e.ts, ks=e.ks,
                           attempts=e.attempts, bootstrap=e.bootstrap, **common)
@@ -64,7 +62,7 @@ def evaluate_policies(
 
 def run_eval(cfg: Config) -> dict:
     """Sweep command: evaluate the policy at cfg.model.path; report in <out_dir>/eval, summary.json."""
-    from bmrl import policy as pol
+    from bmrl import build as pol
     from bmrl.config import ConfigError, save
     from bmrl.eval.report import write_report
 

@@ -118,7 +118,7 @@ def evaluate_policy(
     """Greedy and/or sampled (eval.temperature) attempts of `tasks` at turn cap `cap`, one per task,
     by the one evaluator (`bmrl.eval.evaluate`)."""
     from bmrl.eval.evaluate import evaluate
-    from bmrl.policy import rollout_config
+    from bmrl.build import rollout_config
 
     base = rollout_config(cfg, for_eval=True)
     out = {}
@@ -132,30 +132,26 @@ def evaluate_policy(
     return out
 
 
-def run_sft(cfg: Config, *, log: Callable[[str], Any] = print, return_model: bool = False) -> dict | tuple[dict, Any]:
+def run_sft(cfg: Config, *, log: Callable[[str], Any] = print, return_model: bool = False, run=None) -> dict | tuple[dict, Any]:
     """Train the SFT base policy of `cfg`; write it and its summary under `cfg.out_dir`; return the summary
     (and the trained `Decoder` with `return_model=True`, for callers that go on in-process).
 
     Every config problem is raised (as `ConfigError`) before anything is written.
     """
-    from bmrl.config import make_budget
-    from bmrl.policy import build_tokenizer, check_fits, fitting_cap, load_policy, make_env, new_policy, split_tasks
+    from bmrl.build import build_run, build_tokenizer, fitting_cap, load_policy, new_policy, split_tasks
     from bmrl.model.decoder import num_params
     from bmrl.model.hf import save_pretrained
-    from bmrl.rollout import default_format
 
     t_start = time.time()
     s = cfg.sft
     if cfg.model.path is not None:
         model, tokenizer = load_policy(cfg.model.path)
     else:
-        tokenizer = build_tokenizer(cfg)
+        tokenizer = build_tokenizer(cfg) if run is None else run.tokenizer
         model = new_policy(cfg, tokenizer)
-    env = make_env(cfg, tokenizer)
-    fmt = default_format(env)
-    check_fits(cfg, env, fmt)
-    budget = make_budget(cfg.budget)
-    cap = fitting_cap(cfg, env, fmt, budget.max_cap)  # the largest training cap that fits
+    run = build_run(cfg, tokenizer) if run is None else run  # `bmrl sft` passes the bundle it checked
+    env, fmt = run.env, run.fmt
+    cap = fitting_cap(cfg, env, fmt, run.budget.max_cap)  # the largest training cap that fits
     demo_len = min(cfg.rollout.max_len, demo_tokens_needed(env, fmt, s.demo_turns))
     o = s.optim
     tx = make_optimizer(
@@ -191,7 +187,7 @@ def run_sft(cfg: Config, *, log: Callable[[str], Any] = print, return_model: boo
         k = jax.random.fold_in(jax.random.fold_in(key, 1), step)
         caps = None
         if cfg.env.show_budget:  # show the budgets RL will: drawn from the run's budget sampler
-            caps = jnp.minimum(budget.sample(jax.random.fold_in(k, 7), s.batch_size), s.demo_turns)
+            caps = jnp.minimum(run.budget.sample(jax.random.fold_in(k, 7), s.batch_size), s.demo_turns)
         return make_demos(
             env, fmt, {"seed": jnp.asarray(train["seed"][idx])}, k, num_turns=s.demo_turns,
             max_len=demo_len, noise=s.noise, caps=caps,

@@ -1,25 +1,30 @@
-"""From a `Config` to the objects a run needs: tokenizer, policy, environment, rollout shapes, task splits.
+"""From a `Config` to the objects a run needs, each library type built from its section in one function.
 
-    tokenizer = build_tokenizer(cfg)           # tiny BPE on the env's text, or the HF dir's tokenizer
-    policy = new_policy(cfg, tokenizer)        # or: policy, tokenizer = load_policy(cfg.model.path)
-    env = make_env(cfg, tokenizer)
-    check_fits(cfg, env, default_format(env))  # refuses a buffer that cannot hold the smallest cap
+    run = build_run(cfg)                       # tokenizer, env, format, budget, rollout configs, mesh:
+                                               # built once, every runtime fact checked, nothing written
+    policy = new_policy(cfg, run.tokenizer)    # or: policy, tokenizer = load_policy(cfg.model.path)
     tasks = split_tasks(cfg, "test", cfg.eval.num_tasks)
 
-Every problem a user can fix in the config is a `ConfigError` naming the key (exit status 2 in the
-CLI), raised before anything is written.
+`build_run` is what a command calls before it writes anything, and what it passes down (train, SFT
+and evaluation take the bundle instead of rebuilding its parts). Every problem a user can fix in the
+config is a `ConfigError` naming the key (exit status 2 in the CLI).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
-import warnings
 import zlib
 from typing import Any
 
 import numpy as np
 
-from bmrl.config import Config, ConfigError, make_budget
+from bmrl.config import Config, ConfigError, check_fits, check_reproduce, fitting_cap, make_budget
+
+__all__ = [
+    "Run", "build_reproduce_run", "build_run", "build_tokenizer", "check_fits", "fitting_cap", "load_policy", "make_budget", "make_env",
+    "mesh_config", "model_config", "new_policy", "rollout_config", "split_seeds", "split_tasks",
+]
 
 SPLITS = ("train", "test")
 
@@ -31,10 +36,7 @@ def build_tokenizer(cfg: Config):
     Deterministic: the same env and vocab size always give the same vocabulary.
     """
     if cfg.model.path is not None:
-        from bmrl.model.tokenizer import load_tokenizer
-
-        _check_dir(cfg.model.path)
-        return load_tokenizer(cfg.model.path)
+        return _hf_tokenizer(cfg.model.path)
     from bmrl.envs import corpus
     from bmrl.model.tokenizer import train_tiny_tokenizer
 
@@ -86,8 +88,13 @@ def load_policy(path: str | os.PathLike):
     """
     from bmrl.model.hf import from_pretrained
 
+    from bmrl.model.hf import CheckpointError
+
     _check_dir(path)
-    model, tokenizer = from_pretrained(path)
+    try:
+        model, tokenizer = from_pretrained(path)
+    except CheckpointError as err:
+        raise ConfigError("model.path", f"{err} Fix the directory or point model.path elsewhere.") from None
     if tokenizer is None:
         raise ConfigError(
             "model.path", f"{str(path)!r} holds no tokenizer files (tokenizer.json ...); a policy needs its "
@@ -104,12 +111,31 @@ def _check_dir(path) -> None:
         )
 
 
+def _hf_tokenizer(path):
+    """The tokenizer of HF directory `path`, once its config.json has loaded (weights are not read)."""
+    from bmrl.model.hf import TOKENIZER_FILES, CheckpointError, load_config
+    from bmrl.model.tokenizer import load_tokenizer
+
+    _check_dir(path)
+    try:
+        load_config(path)
+    except CheckpointError as err:
+        raise ConfigError("model.path", f"{err} Fix the directory or point model.path elsewhere.") from None
+    if not any(os.path.isfile(os.path.join(path, name)) for name in TOKENIZER_FILES):
+        raise ConfigError(
+            "model.path", f"{str(path)!r} holds no tokenizer files (tokenizer.json ...); a policy needs its "
+            "tokenizer: save it with bmrl.model.save_pretrained(model, tokenizer, path)."
+        )
+    try:
+        return load_tokenizer(path)
+    except Exception as err:  # transformers raises many kinds; name the directory
+        raise ConfigError("model.path", f"the tokenizer in {str(path)!r} could not be loaded: {err}") from None
+
+
 def make_env(cfg: Config, tokenizer):
     """The environment of the `env` section (its options and `show_budget`) for `tokenizer`."""
-    from bmrl.envs import ENVS, make
+    from bmrl.envs import make
 
-    if cfg.env.name not in ENVS:
-        raise ConfigError("env.name", f"{cfg.env.name!r} is not allowed; choose one of: {', '.join(sorted(ENVS))}.")
     options = dict(cfg.env.options)
     if cfg.env.show_budget and "max_budget" not in options and cfg.rollout.max_turns > 128:
         options["max_budget"] = cfg.rollout.max_turns  # the shown number table must reach every cap
@@ -134,65 +160,61 @@ def rollout_config(cfg: Config, for_eval: bool = False):
     )
 
 
-def largest_cap(cfg: Config) -> int:
-    """The largest turn cap the run uses: the budget's and the evaluation grid's."""
-    return max(make_budget(cfg.budget).max_cap, max(cfg.eval.ts))
+def mesh_config(cfg: Config):
+    """The `MeshConfig` of the `mesh` section, refused (ConfigError) if the devices cannot form it."""
+    from bmrl.parallel import MeshConfig, make_mesh
+
+    mesh = MeshConfig(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor)
+    try:
+        make_mesh(mesh)
+    except ValueError as err:
+        raise ConfigError("mesh", f"{dataclasses.asdict(mesh)}: {err}") from None
+    return mesh
 
 
-def fitting_cap(cfg: Config, env, fmt, cap: int) -> int:
-    """The largest cap <= `cap` whose worst-case conversation fits `rollout.max_len` (0 if none)."""
-    r = cfg.rollout
-    while cap > 0 and fmt.tokens_needed(cap, env.max_obs_len, r.max_reply_tokens) > r.max_len:
-        cap -= 1
-    return cap
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """What a run builds from its `Config`, once, before it writes anything; passed down to the
+    trainer, SFT and evaluation so that none of them rebuilds (or re-validates) a part."""
+
+    cfg: Config
+    tokenizer: Any
+    env: Any  # bmrl.envs.Env for `tokenizer`
+    fmt: Any  # the env's chat/reply format (bmrl.rollout.default_format)
+    budget: Any  # bmrl.budget.Budget of the `budget` section
+    rollout: Any  # bmrl.rollout.RolloutConfig of training rollouts (rollout.temperature)
+    eval_rollout: Any  # the same at eval.temperature
+    mesh: Any  # bmrl.parallel.MeshConfig, checked against the devices
+    warnings: tuple[str, ...] = ()  # non-fatal problems of the context buffer (see check_fits)
 
 
-def check_fits(cfg: Config, env, fmt) -> list[str]:
-    """Check the context buffer against the budgets; returns (and warns) the non-fatal problems.
+def build_run(cfg: Config, tokenizer=None) -> Run:
+    """Build (and so check) everything a run of `cfg` needs but the policy: the tokenizer (`tokenizer`
+    if given, e.g. a loaded policy's), environment, format, budget, rollout configs and mesh.
 
-    Refuses (`ConfigError`) a reply limit below the longest reply plus its stop token, and a
-    `rollout.max_len` that cannot hold even the smallest cap (of the budget and of eval.ts) in the
-    worst case, every reply at its token limit: the rollout refuses such a batch. Warns, with the
-    numbers, when the largest cap or a full SFT demonstration may not fit: such sequences stop
-    early and are flagged as overflow (the worst case is rare: real replies are short).
+    Every runtime fact is checked here, before a command writes anything: the model directory and its
+    config.json, the context buffer against every cap, the reply limit against the longest action,
+    the mesh against the devices. Raises ConfigError naming the key.
     """
-    r = cfg.rollout
-    min_reply = getattr(fmt, "min_reply_tokens", lambda n: n + 1)(env.max_action_len)
-    if r.max_reply_tokens < min_reply:
-        raise ConfigError(
-            "rollout.max_reply_tokens",
-            f"{r.max_reply_tokens} cannot hold the longest action of {env.name} ({env.max_action_len} tokens) "
-            f"in its reply format plus the stop token; set it >= {min_reply}.",
-        )
-    smallest = min(make_budget(cfg.budget).min_cap, min(cfg.eval.ts))
-    need = fmt.tokens_needed(smallest, env.max_obs_len, r.max_reply_tokens)
-    if need > r.max_len:
-        raise ConfigError(
-            "rollout.max_len",
-            f"{r.max_len} cannot hold even the smallest cap: {smallest} turn(s) of {env.name} need up to {need} "
-            f"tokens (prompt {fmt.first_chunk_len(env.max_obs_len)}, {r.max_reply_tokens} per reply, "
-            f"{fmt.turn_chunk_len(env.max_obs_len) - 1} per observation); raise rollout.max_len to >= {need}.",
-        )
-    problems = []
-    largest = largest_cap(cfg)
-    need = fmt.tokens_needed(largest, env.max_obs_len, r.max_reply_tokens)
-    if need > r.max_len:
-        problems.append(
-            f"rollout.max_len={r.max_len} may not hold the largest cap: {largest} turns of {env.name} need up "
-            f"to {need} tokens in the worst case ({fitting_cap(cfg, env, fmt, largest)} turns always fit); "
-            f"longer episodes stop early (overflow). Raise rollout.max_len to {need} to rule it out."
-        )
-    from bmrl.learn.demos import demo_tokens_needed
+    from bmrl.rollout import default_format
 
-    need = demo_tokens_needed(env, fmt, cfg.sft.demo_turns)
-    if need > r.max_len:
-        problems.append(
-            f"rollout.max_len={r.max_len} may not hold a {cfg.sft.demo_turns}-turn demonstration (up to {need} "
-            "tokens); longer demos end at the last turn that fits."
-        )
-    for p in problems:
-        warnings.warn(p, stacklevel=2)
-    return problems
+    tokenizer = build_tokenizer(cfg) if tokenizer is None else tokenizer
+    env = make_env(cfg, tokenizer)
+    fmt = default_format(env)
+    budget = make_budget(cfg.budget)
+    problems = check_fits(cfg, env, fmt, budget)
+    return Run(cfg, tokenizer, env, fmt, budget, rollout_config(cfg), rollout_config(cfg, for_eval=True),
+               mesh_config(cfg), tuple(problems))
+
+
+def build_reproduce_run(cfg: Config) -> Run:
+    """`build_run` for `bmrl reproduce`: also checks the reproduce section and every variant's budget
+    against the context buffer (each RL stage's), before anything is written."""
+    budgets = check_reproduce(cfg)
+    run = build_run(cfg)
+    for budget in budgets.values():
+        check_fits(cfg, run.env, run.fmt, budget)
+    return run
 
 
 def split_seeds(env_name: str, split: str, n: int) -> np.ndarray:

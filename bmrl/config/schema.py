@@ -1,0 +1,250 @@
+"""The config schema: one typed dataclass per section, a field's trailing comment its documentation.
+
+`Config` is what every run reads; `bmrl.config.load` fills it from YAML and overrides and
+`bmrl.config.validate` refuses values that cannot work. Also here: reading the schema (the type hint
+of a dotted key, a reader's name for a type) for error messages, sweeps and the docs renderer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+class ConfigError(ValueError):
+    """An invalid configuration: `key` is the dotted key at fault."""
+
+    def __init__(self, key: str, message: str):
+        self.key = key
+        super().__init__(f"{key}: {message}" if key else message)
+
+
+@dataclass
+class ModelCfg:
+    """The policy: a local Hugging Face directory, or a tiny decoder trained from scratch."""
+
+    path: Optional[str] = None  # local HF directory; null = tiny model + tiny tokenizer from scratch
+    model_type: str = "llama"  # tiny model architecture: llama | qwen2 (ignored with path)
+    vocab_size: int = 384  # tiny tokenizer's vocabulary (trained on the environments' text)
+    hidden_size: int = 64  # tiny model width
+    intermediate_size: int = 192  # tiny model MLP width
+    num_hidden_layers: int = 2  # tiny model depth
+    num_attention_heads: int = 4  # query heads; must divide hidden_size
+    num_key_value_heads: int = 2  # key/value heads (GQA); must divide num_attention_heads
+    rope_theta: float = 10000.0  # RoPE base frequency
+    param_dtype: str = "float32"  # parameter storage dtype: float32 | bfloat16
+    dtype: str = "float32"  # compute dtype: float32 | bfloat16
+
+
+@dataclass
+class EnvCfg:
+    """The environment: a registered name and its static construction options."""
+
+    name: str = "corridor"  # a name in bmrl.envs.ENVS: corridor | frozenlake | sokoban | toolchain
+    options: dict[str, Any] = field(default_factory=dict)  # static env options, e.g. {length: 6, eps: 0.2}
+    show_budget: bool = False  # show "Turns left: N" in every observation (the policy sees its cap)
+
+
+@dataclass
+class BudgetCfg:
+    """Turn caps per rollout: fixed (budgets[0]), mix (budgets with probs), uniform (lo..hi)."""
+
+    kind: str = "fixed"  # fixed | mix | uniform
+    budgets: list[int] = field(default_factory=lambda: [8])  # turn caps; fixed takes exactly one
+    probs: Optional[list[float]] = None  # mix only; null = uniform over budgets
+    lo: int = 1  # uniform only: smallest cap
+    hi: int = 8  # uniform only: largest cap
+    share_in_group: bool = True  # the attempts of one task share a cap
+
+
+@dataclass
+class RolloutCfg:
+    """Static shapes and sampling of the compiled rollout (one compile per shape for a whole run)."""
+
+    max_turns: int = 16  # turn buffer Tm; every cap (budget, eval.ts) must be <= max_turns
+    max_reply_tokens: int = 6  # tokens per reply, stop token included
+    max_len: int = 512  # context buffer L in tokens (prompt + observations + replies)
+    temperature: float = 1.0  # sampling temperature during training rollouts (0 = greedy)
+    top_k: int = 0  # keep the k most likely tokens (0 = off)
+    top_p: float = 1.0  # nucleus sampling mass in (0, 1] (1 = off)
+
+
+@dataclass
+class OptimCfg:
+    """optax chain: global-norm clipping, then adamw with warmup and a cosine or constant schedule."""
+
+    lr: float = 1e-3  # peak learning rate
+    warmup_steps: int = 0  # linear warmup steps
+    schedule: str = "cosine"  # cosine | constant (after warmup)
+    min_lr_ratio: float = 0.1  # cosine floor as a fraction of lr
+    weight_decay: float = 0.0  # adamw decoupled weight decay
+    b1: float = 0.9  # adam first-moment decay
+    b2: float = 0.999  # adam second-moment decay
+    eps: float = 1e-8  # adam epsilon
+    max_grad_norm: float = 1.0  # global-norm gradient clipping (0 = off)
+
+
+@dataclass
+class SFTCfg:
+    """Behaviour cloning of eps-noisy oracle demonstrations (errors shown, recovery not)."""
+
+    steps: int = 300  # optimizer steps
+    batch_size: int = 32  # demonstrations per step
+    noise: float = 0.25  # probability of a random wrong action in a demonstration turn
+    demo_turns: int = 12  # turns per demonstration
+    optim: OptimCfg = field(default_factory=lambda: OptimCfg(lr=3e-3, warmup_steps=20))  # SFT optimizer
+
+
+@dataclass
+class TrainCfg:
+    """Policy-gradient RL from the SFT base: grouped rollouts, advantages, PPO/PG updates."""
+
+    steps: int = 40  # RL steps (one rollout batch + update each)
+    tasks_per_step: int = 16  # distinct tasks per rollout batch
+    group_size: int = 8  # attempts per task (batch = tasks_per_step * group_size)
+    advantage: str = "grpo"  # grpo | rloo | reinforce
+    loss: str = "ppo"  # ppo | pg
+    epochs: int = 1  # passes over each rollout batch
+    minibatches: int = 1  # minibatches per epoch; must divide the batch
+    clip_eps: float = 0.2  # PPO ratio clip
+    kl_coef: float = 0.0  # KL penalty to the frozen initial policy (0 = off)
+    entropy_coef: float = 0.0  # entropy bonus (0 = off)
+    aggregation: str = "token_mean"  # token_mean | seq_mean
+    process_coef: float = 0.0  # weight of progress-delta (process) advantages; 0 = outcome only
+    gamma: float = 1.0  # discount of per-turn process rewards, in (0, 1]
+    max_nonfinite: int = 5  # stop after this many non-finite updates in a row
+    optim: OptimCfg = field(default_factory=lambda: OptimCfg(lr=1e-3))  # RL optimizer
+
+
+@dataclass
+class EvalCfg:
+    """Pass@(K,T) evaluation on the held-out suite, and the decision-accuracy probe."""
+
+    ts: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16])  # turn budgets T of the surface; each <= rollout.max_turns
+    ks: list[int] = field(default_factory=lambda: [1, 2, 4, 8])  # attempt counts K of the surface; each <= attempts
+    attempts: int = 8  # n attempts per task (K <= n)
+    num_tasks: int = 64  # held-out tasks evaluated
+    every: int = 0  # evaluate every N train steps (0 = only at the end)
+    mode: str = "exact"  # exact (run each T for real) | truncate (one run at max T, cut) | both
+    temperature: float = 1.0  # sampling temperature during evaluation (0 = greedy)
+    bootstrap: int = 1000  # bootstrap resamples for intervals (0 = none)
+    probe_states: int = 256  # decision-accuracy probe set size
+
+
+@dataclass
+class DataCfg:
+    """Task suites (TFDS, array_record) of level seeds: train seeds even, test seeds odd."""
+
+    data_dir: Optional[str] = None  # TFDS data dir; null = <out_dir>/data
+    train_size: int = 4096  # tasks in the training suite (even seeds)
+    test_size: int = 256  # tasks in the held-out suite (odd seeds)
+
+
+@dataclass
+class CheckpointCfg:
+    """Orbax checkpoints of params, optimizer state, PRNG key, step and data position."""
+
+    every: int = 10  # save every N train steps (and at the end)
+    keep: int = 3  # keep the last N checkpoints (>= 1)
+
+
+@dataclass
+class MeshCfg:
+    """Device mesh axes (data, fsdp, tensor); the product must equal the device count."""
+
+    data: int = -1  # data-parallel axis size (-1 = all remaining devices)
+    fsdp: int = 1  # parameter-sharding axis size (-1 = all remaining devices)
+    tensor: int = 1  # tensor-parallel axis size (-1 = all remaining devices)
+
+
+def _default_variants() -> dict[str, BudgetCfg]:
+    return {
+        "fixed_long": BudgetCfg(kind="fixed", budgets=[12]),
+        "fixed_short": BudgetCfg(kind="fixed", budgets=[4]),
+        "budgetmix": BudgetCfg(kind="mix", budgets=[4, 6, 8, 12]),
+    }
+
+
+@dataclass
+class ReproduceCfg:
+    """`bmrl reproduce`: an SFT base, then RL under each budget variant (same steps, same seeds)."""
+
+    seeds: list[int] = field(default_factory=lambda: [0, 1])  # one full pipeline per seed; intervals pool (seed, task) units
+    variants: dict[str, BudgetCfg] = field(default_factory=_default_variants)  # RL runs by name: their turn budgets
+    generous: str = "fixed_long"  # the variant whose RL gain over the base is compared at large and small T
+    tight: str = "fixed_short"  # the fixed tight-budget variant
+    budgetmix: str = "budgetmix"  # the BudgetMix variant compared with both fixed ones
+    small_t: int = 4  # the tight turn budget of finding 1 (must be in eval.ts)
+    inject_turns: list[int] = field(default_factory=lambda: [1])  # 1-based turns of the error-injection run ([] = none)
+    inject_prob: float = 1.0  # probability of a forced wrong action at those turns
+    probe_noise: float = 0.25  # noise of the oracle whose states form the decision-accuracy probe set
+    window: int = 3  # turns allowed to get back on track after an error
+
+
+@dataclass
+class Config:
+    """One experiment: every section, the seed and the output directory."""
+
+    seed: int = 0  # PRNG seed of everything random in the run
+    out_dir: str = "runs/default"  # where the run writes config.yaml, checkpoints, metrics, summary.json
+    model: ModelCfg = field(default_factory=ModelCfg)
+    env: EnvCfg = field(default_factory=EnvCfg)
+    budget: BudgetCfg = field(default_factory=BudgetCfg)
+    rollout: RolloutCfg = field(default_factory=RolloutCfg)
+    sft: SFTCfg = field(default_factory=SFTCfg)
+    train: TrainCfg = field(default_factory=TrainCfg)
+    eval: EvalCfg = field(default_factory=EvalCfg)
+    data: DataCfg = field(default_factory=DataCfg)
+    checkpoint: CheckpointCfg = field(default_factory=CheckpointCfg)
+    mesh: MeshCfg = field(default_factory=MeshCfg)
+    reproduce: ReproduceCfg = field(default_factory=ReproduceCfg)
+
+
+# ---- reading the schema -----------------------------------------------------------------------------
+
+
+def type_name(hint: Any) -> str:
+    """A reader's name for a field's type hint: 'int', 'list of int', 'float or null', 'mapping'."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is typing.Union or origin is types.UnionType:
+        names = [type_name(a) for a in args if a is not type(None)]
+        return " or ".join(names) + (" or null" if type(None) in args else "")
+    if origin is list:
+        return f"list of {type_name(args[0])}" if args else "list"
+    if origin is dict or hint is dict:
+        return "mapping"
+    if dataclasses.is_dataclass(hint):
+        return "section"
+    if hint is Any:
+        return "any"
+    return getattr(hint, "__name__", str(hint))
+
+
+def hint_of(dotted: str, schema=Config) -> Any:
+    """The type hint of dotted key `dotted` (list indices ignored), or None if it is not in the schema."""
+    node: Any = schema
+    hint: Any = schema
+    for part in re.sub(r"\[\d+\]", "", dotted).split("."):
+        if not dataclasses.is_dataclass(node):
+            return hint if typing.get_origin(hint) is dict else None
+        hints = typing.get_type_hints(node)
+        if part not in hints:
+            return None
+        hint = node = hints[part]
+    return hint
+
+
+def element_hint(hint: Any) -> Any:
+    """The element type of a list hint (`Optional[list[X]]` included)."""
+    for h in (hint, *typing.get_args(hint)):
+        if typing.get_origin(h) is list:
+            return typing.get_args(h)[0] if typing.get_args(h) else Any
+    return hint
+
+
+def section_names(node) -> str:
+    return ", ".join(f.name for f in dataclasses.fields(node))
+

@@ -1,0 +1,346 @@
+"""Validation: every value of a `Config` is checked here, once, with the key, the value and the fix.
+
+`validate(cfg)` refuses what type-checks but cannot work (NaN, a cap above `max_turns`, a mix whose
+probabilities do not sum to 1, an unknown algorithm name); `check_reproduce` the study's section;
+`check_fits` the facts that need the built tokenizer and environment (does the context buffer hold
+the prompt and the turns of the smallest cap? does a reply hold the longest action?), which
+`bmrl.build.build_run` checks before a run writes anything. `check_caps` is the one check of turn
+caps against `rollout.max_turns`, and `make_budget` the one conversion of a budget section into a
+`bmrl.budget.Budget`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+import warnings
+from typing import Any
+
+from bmrl.config.schema import BudgetCfg, Config, ConfigError, ModelCfg, OptimCfg
+
+FLOAT32_MAX = 3.4028234663852886e38
+INT_MAX = 2**31 - 1  # int fields end up in int32 arrays (caps, sizes, steps)
+SEED_MAX = 2**31 - 1  # jax.random.key keeps 32 bits without x64: larger seeds would collide
+
+
+def _one_of(key: str, value: str, allowed) -> None:
+    if value not in allowed:
+        raise ConfigError(key, f"{value!r} is not allowed; choose one of: {', '.join(allowed)}.")
+
+
+def _positive(cfg: Any, prefix: str, names: tuple[str, ...], minimum: int = 1) -> None:
+    for name in names:
+        value = getattr(cfg, name)
+        if value < minimum:
+            raise ConfigError(f"{prefix}.{name}", f"must be >= {minimum}, got {value}.")
+
+
+def _in_range(key: str, value: float, lo: float, hi: float, lo_open: bool = False, hi_open: bool = False) -> None:
+    if not math.isfinite(value) or (value <= lo if lo_open else value < lo) or (value >= hi if hi_open else value > hi):
+        interval = f"{'(' if lo_open else '['}{lo}, {hi}{')' if hi_open else ']'}"
+        raise ConfigError(key, f"must be in {interval}, got {value}.")
+
+
+def check_caps(key: str, caps, max_turns: int, fix: str = "raise rollout.max_turns or lower the caps") -> None:
+    """Refuse turn caps (budgets, eval.ts, 1-based injection turns) outside [1, rollout.max_turns]."""
+    caps = sorted(set(caps))
+    if not caps:
+        raise ConfigError(key, "is empty; give at least one turn cap.")
+    if min(caps) < 1 or max(caps) > max_turns:
+        above = f" (the largest cap {max(caps)} exceeds rollout.max_turns={max_turns})" if max(caps) > max_turns else ""
+        raise ConfigError(key, f"every turn must be in [1, rollout.max_turns={max_turns}], got {caps}{above}; {fix}.")
+
+
+def cap_range(budget) -> tuple[int, int]:
+    """(smallest, largest) cap of a `Budget`, without listing a uniform budget's whole range."""
+    return (budget.lo, budget.hi) if budget.kind == "uniform" else (budget.min_cap, budget.max_cap)
+
+
+def make_budget(b: BudgetCfg, prefix: str = "budget"):
+    """The `bmrl.budget.Budget` of a budget section (raising ConfigError on a bad one).
+
+    `prefix` is the section's dotted key, named in errors (e.g. `reproduce.variants.budgetmix`).
+    """
+    from bmrl import budget as budget_lib
+
+    _one_of(f"{prefix}.kind", b.kind, budget_lib.KINDS)
+    if b.probs is not None and b.kind != "mix":
+        raise ConfigError(f"{prefix}.probs", f"applies to kind=mix only; remove it (or null it) for kind={b.kind}.")
+    try:
+        if b.kind == "fixed":
+            if len(b.budgets) != 1:
+                raise ConfigError(f"{prefix}.budgets", f"a fixed budget takes exactly one cap, got {b.budgets}.")
+            return budget_lib.fixed(b.budgets[0])
+        if b.kind == "mix":
+            return budget_lib.mix(b.budgets, b.probs)
+        return budget_lib.uniform(b.lo, b.hi)
+    except budget_lib.BudgetError as err:
+        field_ = "probs" if "probabilit" in str(err) else "lo" if b.kind == "uniform" else "budgets"
+        raise ConfigError(f"{prefix}.{field_}", str(err)) from None
+
+
+def check_numbers(node: Any, key: str = "") -> None:
+    """Refuse non-finite floats (NaN, inf), floats beyond float32 (they become inf on device) and ints
+    beyond int32, anywhere in `node` (a config, section, mapping or list)."""
+    if dataclasses.is_dataclass(node):
+        for f in dataclasses.fields(node):
+            check_numbers(getattr(node, f.name), f"{key}.{f.name}" if key else f.name)
+    elif isinstance(node, dict):
+        for k, v in node.items():
+            check_numbers(v, f"{key}.{k}")
+    elif isinstance(node, (list, tuple)):
+        for i, v in enumerate(node):
+            check_numbers(v, f"{key}[{i}]")
+    elif isinstance(node, float) and not (math.isfinite(node) and abs(node) <= FLOAT32_MAX):
+        raise ConfigError(key, f"{node} is not a finite float32 number; give a value with |x| <= 3.4e38 (no nan, no inf).")
+    elif isinstance(node, int) and not isinstance(node, bool) and abs(node) > INT_MAX:
+        raise ConfigError(key, f"{node} is out of range; give an integer with |x| <= {INT_MAX}.")
+
+
+def check_seed(key: str, seed: int) -> None:
+    if not 0 <= seed <= SEED_MAX:
+        raise ConfigError(
+            key, f"{seed} is out of range; give a seed in 0..{SEED_MAX} (PRNG keys keep 32 bits, so larger seeds collide)."
+        )
+
+
+def check_reproduce(cfg: Config) -> dict:
+    """Refuse a `reproduce` section that cannot run (checked by `bmrl reproduce` before any work);
+    returns the `Budget` of each variant by name."""
+    rep = cfg.reproduce
+    if not rep.seeds or len(set(rep.seeds)) != len(rep.seeds):
+        raise ConfigError("reproduce.seeds", f"needs one or more distinct seeds, got {rep.seeds}.")
+    for seed in rep.seeds:
+        check_seed("reproduce.seeds", seed)
+    if not rep.variants:
+        raise ConfigError("reproduce.variants", "needs at least one RL budget variant.")
+    budgets = {}
+    for name, b in rep.variants.items():
+        if name == "base" or not name.replace("_", "").replace("-", "").isalnum():
+            raise ConfigError(f"reproduce.variants.{name}", "variant names are letters, digits, '_' or '-', and not 'base'.")
+        budget = budgets[name] = make_budget(b, f"reproduce.variants.{name}")
+        check_caps(f"reproduce.variants.{name}", cap_range(budget), cfg.rollout.max_turns, "raise max_turns or lower the budget")
+    for role in ("generous", "tight", "budgetmix"):
+        if getattr(rep, role) not in rep.variants:
+            raise ConfigError(f"reproduce.{role}", f"{getattr(rep, role)!r} is not a variant; variants are {sorted(rep.variants)}.")
+    if rep.small_t not in cfg.eval.ts:
+        raise ConfigError("reproduce.small_t", f"{rep.small_t} must be one of eval.ts={cfg.eval.ts}.")
+    check_probes(rep.inject_turns, rep.inject_prob, rep.probe_noise, rep.window, cfg.rollout.max_turns)
+    return budgets
+
+
+PROBE_KEYS = ("reproduce.inject_turns", "reproduce.inject_prob", "reproduce.probe_noise", "reproduce.window")
+
+
+def check_probes(inject_turns, inject_prob: float, probe_noise: float, window: int, max_turns: int,
+                 keys: tuple[str, str, str, str] = PROBE_KEYS) -> None:
+    """The error-injection and probe settings, of the `reproduce` section or of `bmrl eval`'s flags
+    (`keys` name them): 1-based turns within the turn buffer, probabilities, a window >= 1."""
+    if inject_turns:
+        check_caps(keys[0], inject_turns, max_turns, "give 1-based turns, or none")
+    _in_range(keys[1], inject_prob, 0, 1)
+    _in_range(keys[2], probe_noise, 0, 1, hi_open=True)
+    if window < 1:
+        raise ConfigError(keys[3], f"must be >= 1 (turns allowed to get back on track), got {window}.")
+
+
+def _env_options_error(name: str, options: dict) -> str | None:
+    """Build env `name` with a character tokenizer to run its own option checks; the error or None."""
+    from bmrl.envs import _CharTokenizer, env_class
+
+    try:
+        env_class(name)(_CharTokenizer(), **options)
+    except (ValueError, TypeError) as err:
+        return str(err)
+    return None
+
+
+_ENV_CHECKS: dict[str, str | None] = {}
+
+
+def _check_env(cfg: Config, max_cap: int) -> None:
+    from bmrl.envs import ENVS, env_class
+
+    e = cfg.env
+    _one_of("env.name", e.name, tuple(ENVS))
+    try:
+        cls = env_class(e.name)
+    except ValueError as err:
+        raise ConfigError("env.name", str(err)) from None
+    if "show_budget" in e.options:
+        raise ConfigError("env.options.show_budget", "set env.show_budget instead (one switch for env and rollout).")
+    valid = {k: v for k, v in {**cls.COMMON_OPTIONS, **cls.OPTIONS}.items() if k != "show_budget"}
+    for name in e.options:
+        if name not in valid:
+            allowed = ", ".join(f"{k} (default {v!r})" for k, v in valid.items())
+            raise ConfigError(f"env.options.{name}", f"is not an option of env {e.name!r}; valid options: {allowed}.")
+    memo = repr((e.name, sorted(e.options.items())))
+    if memo not in _ENV_CHECKS:
+        _ENV_CHECKS[memo] = _env_options_error(e.name, e.options)
+    if _ENV_CHECKS[memo]:
+        msg = _ENV_CHECKS[memo]
+        name = next((n for n in e.options if re.search(rf"\b{re.escape(n)}\b", msg)), None)
+        raise ConfigError(f"env.options.{name}" if name else "env.options", msg)
+    # bmrl.build.make_env raises the default number table to max_turns; an explicit one must reach every cap.
+    if e.show_budget and "max_budget" in e.options and max_cap > int(e.options["max_budget"]):
+        max_budget = int(e.options["max_budget"])
+        raise ConfigError(
+            "env.options.max_budget",
+            f"{max_budget} is below the largest cap shown ({max_cap}); set env.options.max_budget >= {max_cap}.",
+        )
+
+
+def _check_model(m: ModelCfg) -> None:
+    _one_of("model.param_dtype", m.param_dtype, ("float32", "bfloat16"))
+    _one_of("model.dtype", m.dtype, ("float32", "bfloat16"))
+    if m.path is not None:
+        if not m.path.strip():
+            raise ConfigError("model.path", "is empty; give a local Hugging Face directory or null for a tiny model.")
+        return
+    _one_of("model.model_type", m.model_type, ("llama", "qwen2"))
+    _positive(m, "model", ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                           "num_attention_heads", "num_key_value_heads"))
+    if m.hidden_size % m.num_attention_heads:
+        raise ConfigError("model.num_attention_heads", f"{m.num_attention_heads} does not divide hidden_size={m.hidden_size}.")
+    if m.num_attention_heads % m.num_key_value_heads:
+        raise ConfigError(
+            "model.num_key_value_heads", f"{m.num_key_value_heads} does not divide num_attention_heads={m.num_attention_heads}."
+        )
+    if m.rope_theta <= 0:
+        raise ConfigError("model.rope_theta", f"must be > 0, got {m.rope_theta}.")
+
+
+def _check_optim(key: str, o: OptimCfg) -> None:
+    _one_of(f"{key}.schedule", o.schedule, ("cosine", "constant"))
+    if o.lr <= 0:
+        raise ConfigError(f"{key}.lr", f"must be > 0, got {o.lr}.")
+    _positive(o, key, ("warmup_steps",), minimum=0)
+    _in_range(f"{key}.min_lr_ratio", o.min_lr_ratio, 0, 1)
+    _in_range(f"{key}.b1", o.b1, 0, 1, hi_open=True)
+    _in_range(f"{key}.b2", o.b2, 0, 1, hi_open=True)
+    for name in ("weight_decay", "max_grad_norm"):
+        if getattr(o, name) < 0:
+            raise ConfigError(f"{key}.{name}", f"must be >= 0, got {getattr(o, name)}.")
+    if o.eps <= 0:
+        raise ConfigError(f"{key}.eps", f"must be > 0, got {o.eps}.")
+
+
+def validate(cfg: Config) -> None:
+    """Refuse values that type-check but cannot work, naming the key and what is allowed.
+
+    Static checks only; what needs the tokenizer and the environment is `check_fits`, which
+    `bmrl.build.build_run` runs before a run writes anything.
+    """
+    from bmrl.learn import ADVANTAGES, LOSSES  # registries by name
+
+    check_seed("seed", cfg.seed)
+    check_numbers(cfg)
+    if not cfg.out_dir.strip():
+        raise ConfigError("out_dir", "is empty; give the directory the run writes to.")
+    _check_model(cfg.model)
+    r = cfg.rollout
+    _positive(r, "rollout", ("max_turns", "max_reply_tokens", "max_len"))
+    b = make_budget(cfg.budget)
+    check_caps("budget", cap_range(b), r.max_turns, "raise max_turns or lower the budget")
+    if r.temperature < 0:
+        raise ConfigError("rollout.temperature", f"must be >= 0 (0 = greedy), got {r.temperature}.")
+    _positive(r, "rollout", ("top_k",), minimum=0)
+    _in_range("rollout.top_p", r.top_p, 0, 1, lo_open=True)
+    e = cfg.eval
+    check_caps("eval.ts", e.ts, r.max_turns, "every T of the surface must be a cap the rollout can run")
+    _check_env(cfg, max(cap_range(b)[1], max(e.ts)))
+    t = cfg.train
+    _positive(t, "train", ("tasks_per_step", "group_size", "epochs", "minibatches", "max_nonfinite"))
+    _positive(t, "train", ("steps",), minimum=0)
+    _one_of("train.advantage", t.advantage, tuple(ADVANTAGES))
+    _one_of("train.loss", t.loss, tuple(LOSSES))
+    _one_of("train.aggregation", t.aggregation, ("token_mean", "seq_mean"))
+    if (t.tasks_per_step * t.group_size) % t.minibatches:
+        raise ConfigError("train.minibatches", f"{t.minibatches} does not divide the batch of {t.tasks_per_step * t.group_size} rollouts.")
+    _in_range("train.gamma", t.gamma, 0, 1, lo_open=True)
+    if t.clip_eps <= 0:
+        raise ConfigError("train.clip_eps", f"must be > 0, got {t.clip_eps}.")
+    for name in ("kl_coef", "entropy_coef", "process_coef"):
+        if getattr(t, name) < 0:
+            raise ConfigError(f"train.{name}", f"must be >= 0 (0 = off), got {getattr(t, name)}.")
+    for key, o in (("sft.optim", cfg.sft.optim), ("train.optim", t.optim)):
+        _check_optim(key, o)
+    _in_range("sft.noise", cfg.sft.noise, 0, 1, hi_open=True)
+    _positive(cfg.sft, "sft", ("batch_size", "demo_turns"))
+    _positive(cfg.sft, "sft", ("steps",), minimum=0)
+    _one_of("eval.mode", e.mode, ("exact", "truncate", "both"))
+    _positive(e, "eval", ("attempts", "num_tasks"))
+    _positive(e, "eval", ("every", "bootstrap", "probe_states"), minimum=0)
+    if not e.ks or min(e.ks) < 1 or max(e.ks) > e.attempts:
+        raise ConfigError("eval.ks", f"every K must be in [1, eval.attempts={e.attempts}], got {e.ks}.")
+    if e.temperature < 0:
+        raise ConfigError("eval.temperature", f"must be >= 0 (0 = greedy), got {e.temperature}.")
+    _positive(cfg.data, "data", ("train_size", "test_size"))
+    _positive(cfg.checkpoint, "checkpoint", ("every", "keep"))
+    sizes = {name: getattr(cfg.mesh, name) for name in ("data", "fsdp", "tensor")}
+    for name, size in sizes.items():
+        if size == 0 or size < -1:
+            raise ConfigError(f"mesh.{name}", f"must be >= 1, or -1 for all remaining devices; got {size}.")
+    if list(sizes.values()).count(-1) > 1:
+        raise ConfigError("mesh", f"at most one axis may be -1 (all remaining devices), got {sizes}.")
+
+
+# ---- runtime facts: the context buffer against the caps, once the env and format are built -----------
+
+
+def fitting_cap(cfg: Config, env, fmt, cap: int) -> int:
+    """The largest cap <= `cap` whose worst-case conversation fits `rollout.max_len` (0 if none)."""
+    r = cfg.rollout
+    while cap > 0 and fmt.tokens_needed(cap, env.max_obs_len, r.max_reply_tokens) > r.max_len:
+        cap -= 1
+    return cap
+
+
+def check_fits(cfg: Config, env, fmt, budget) -> list[str]:
+    """Check the context buffer against the caps of `budget` and eval.ts; returns (and warns) the
+    non-fatal problems.
+
+    Refuses (`ConfigError`) a reply limit below the longest reply plus its stop token, and a
+    `rollout.max_len` that cannot hold even the smallest cap (of the budget and of eval.ts) in the
+    worst case, every reply at its token limit: the rollout refuses such a batch. Warns, with the
+    numbers, when the largest cap or a full SFT demonstration may not fit: such sequences stop
+    early and are flagged as overflow (the worst case is rare: real replies are short).
+    """
+    r = cfg.rollout
+    min_reply = getattr(fmt, "min_reply_tokens", lambda n: n + 1)(env.max_action_len)
+    if r.max_reply_tokens < min_reply:
+        raise ConfigError(
+            "rollout.max_reply_tokens",
+            f"{r.max_reply_tokens} cannot hold the longest action of {env.name} ({env.max_action_len} tokens) "
+            f"in its reply format plus the stop token; set it >= {min_reply}.",
+        )
+    smallest = min(cap_range(budget)[0], min(cfg.eval.ts))
+    need = fmt.tokens_needed(smallest, env.max_obs_len, r.max_reply_tokens)
+    if need > r.max_len:
+        raise ConfigError(
+            "rollout.max_len",
+            f"{r.max_len} cannot hold even the smallest cap: {smallest} turn(s) of {env.name} need up to {need} "
+            f"tokens (prompt {fmt.first_chunk_len(env.max_obs_len)}, {r.max_reply_tokens} per reply, "
+            f"{fmt.turn_chunk_len(env.max_obs_len) - 1} per observation); raise rollout.max_len to >= {need}.",
+        )
+    problems = []
+    largest = max(cap_range(budget)[1], max(cfg.eval.ts))
+    need = fmt.tokens_needed(largest, env.max_obs_len, r.max_reply_tokens)
+    if need > r.max_len:
+        problems.append(
+            f"rollout.max_len={r.max_len} may not hold the largest cap: {largest} turns of {env.name} need up "
+            f"to {need} tokens in the worst case ({fitting_cap(cfg, env, fmt, largest)} turns always fit); "
+            f"longer episodes stop early (overflow). Raise rollout.max_len to {need} to rule it out."
+        )
+    from bmrl.learn.demos import demo_tokens_needed
+
+    need = demo_tokens_needed(env, fmt, cfg.sft.demo_turns)
+    if need > r.max_len:
+        problems.append(
+            f"rollout.max_len={r.max_len} may not hold a {cfg.sft.demo_turns}-turn demonstration (up to {need} "
+            "tokens); longer demos end at the last turn that fits."
+        )
+    for p in problems:
+        warnings.warn(p, stacklevel=2)
+    return problems
