@@ -11,8 +11,8 @@ The report states the study's three findings as measured claims, whichever way t
   1. RL's gain over the base at the largest T against its gain at a small T;
   2. the change in single-step decision accuracy against the change in recovery;
   3. BudgetMix against fixed-budget RL across T: min over T of Pass@(1,T) and the area under the surface.
-Intervals pool (seed, task) units across seeds: percentile bootstrap over units, paired for
-differences (the same units for both policies).
+Intervals: a two-level percentile bootstrap (resample training seeds, then tasks within each seed;
+one level with one seed), paired for differences (the same units for both policies).
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from bmrl.eval import markdown
 from bmrl.eval.bootstrap import bootstrap_stat
 
 BASE = "base"
+GROUPS = "_groups"  # pooled[GROUPS][metric]: the seed of each unit (two-level bootstrap)
 
 
 # ---- configs of the stages ------------------------------------------------------------------------
@@ -65,20 +66,19 @@ def _boot(stat: Callable[..., np.ndarray], *arrays: np.ndarray, resamples: int, 
     return bootstrap_stat(stat, *arrays, groups=groups, key=seed, num_resamples=max(resamples, 10), confidence=confidence)
 
 
-def _paired_mean(a: np.ndarray, b: np.ndarray, resamples: int, seed: int) -> dict:
-    """mean(a - b) over units where both are defined, with its interval."""
-    ok = np.isfinite(a) & np.isfinite(b)
-    if not ok.any():
-        return {"mean": float("nan"), "lower": float("nan"), "upper": float("nan"), "units": 0}
-    v, lo, hi = _boot(np.mean, a[ok] - b[ok], resamples=resamples, seed=seed)
-    return {"mean": float(v), "lower": float(lo), "upper": float(hi), "units": int(ok.sum())}
+def _paired_mean(a: np.ndarray, b: np.ndarray, resamples: int, seed: int, groups: np.ndarray | None = None) -> dict:
+    """mean(a - b) over units where both are defined, with its interval (two levels with `groups`)."""
+    return _mean(np.where(np.isfinite(a) & np.isfinite(b), a - b, np.nan), resamples, seed, groups)
 
 
-def _mean(a: np.ndarray, resamples: int, seed: int) -> dict:
+def _mean(a: np.ndarray, resamples: int, seed: int, groups: np.ndarray | None = None) -> dict:
+    """mean(a) over units where it is defined, with its interval: with `groups` (the training seed of
+    each unit) the bootstrap resamples seeds, then units within each seed."""
     ok = np.isfinite(a)
     if not ok.any():
         return {"mean": float("nan"), "lower": float("nan"), "upper": float("nan"), "units": 0}
-    v, lo, hi = _boot(np.mean, a[ok], resamples=resamples, seed=seed)
+    g = None if groups is None else np.asarray(groups)[ok]
+    v, lo, hi = _boot(np.mean, a[ok], resamples=resamples, seed=seed, groups=g)
     return {"mean": float(v), "lower": float(lo), "upper": float(hi), "units": int(ok.sum())}
 
 
@@ -116,10 +116,15 @@ def unit_metrics(result) -> dict[str, np.ndarray]:
 
 
 def _pool(per_seed: list[dict[str, dict[str, np.ndarray]]], names: list[str]) -> dict[str, dict[str, np.ndarray]]:
-    pooled = {}
+    """Units of every seed concatenated per policy and metric; `pooled[GROUPS][metric]` holds the seed
+    index of each unit (the same units, tasks or probe states, for every policy of a seed)."""
+    pooled: dict[str, dict[str, np.ndarray]] = {}
     for name in names:
         keys = per_seed[0][name].keys()
         pooled[name] = {k: np.concatenate([s[name][k] for s in per_seed], axis=0) for k in keys}
+    first = per_seed[0][names[0]]
+    pooled[GROUPS] = {k: np.concatenate([np.full(len(s[names[0]][k]), i) for i, s in enumerate(per_seed)])
+                      for k in first}
     return pooled
 
 
@@ -131,20 +136,20 @@ def findings(pooled: dict, ks: tuple[int, ...], ts: tuple[int, ...], rep, resamp
     k1 = ks.index(1)
     j_large, j_small = len(ts) - 1, ts.index(rep.small_t)
     base, gen, tight, mix = pooled[BASE], pooled[rep.generous], pooled[rep.tight], pooled[rep.budgetmix]
+    g = pooled.get(GROUPS, {})
     f: dict[str, Any] = {"T_large": ts[-1], "T_small": rep.small_t}
 
     d_large = gen["surface"][:, k1, j_large] - base["surface"][:, k1, j_large]
     d_small = gen["surface"][:, k1, j_small] - base["surface"][:, k1, j_small]
-    f["gain_large"] = _mean(d_large, resamples, 1)
-    f["gain_small"] = _mean(d_small, resamples, 2)
-    f["gain_large_minus_small"] = _mean(d_large - d_small, resamples, 3)
+    f["gain_large"] = _mean(d_large, resamples, 1, g.get("surface"))
+    f["gain_small"] = _mean(d_small, resamples, 2, g.get("surface"))
+    f["gain_large_minus_small"] = _mean(d_large - d_small, resamples, 3, g.get("surface"))
 
-    f["delta_decision_accuracy"] = _paired_mean(gen["decision_accuracy"], base["decision_accuracy"], resamples, 4)
-    f["delta_recovery"] = _paired_mean(gen["recovery"], base["recovery"], resamples, 5)
-    if "probe_accuracy_states" in gen:
-        f["delta_probe_accuracy"] = _paired_mean(gen["probe_accuracy_states"], base["probe_accuracy_states"], resamples, 6)
-    if "injected_success" in gen:
-        f["delta_injected_success"] = _paired_mean(gen["injected_success"], base["injected_success"], resamples, 7)
+    for i, (metric, out) in enumerate((("decision_accuracy", "delta_decision_accuracy"), ("recovery", "delta_recovery"),
+                                       ("probe_accuracy_states", "delta_probe_accuracy"),
+                                       ("injected_success", "delta_injected_success"))):
+        if metric in gen:
+            f[out] = _paired_mean(gen[metric], base[metric], resamples, 4 + i, g.get(metric))
 
     def min_pass1(s):
         return s[:, k1, :].mean(0).min()
@@ -153,15 +158,17 @@ def findings(pooled: dict, ks: tuple[int, ...], ts: tuple[int, ...], rep, resamp
         return s.mean()
 
     for name, p in ((rep.generous, gen), (rep.tight, tight), (rep.budgetmix, mix), (BASE, base)):
-        v, lo, hi = _boot(min_pass1, p["surface"], resamples=resamples, seed=8)
+        v, lo, hi = _boot(min_pass1, p["surface"], resamples=resamples, seed=8, groups=g.get("surface"))
         f.setdefault("min_pass1", {})[name] = {"mean": float(v), "lower": float(lo), "upper": float(hi)}
-        v, lo, hi = _boot(area, p["surface"], resamples=resamples, seed=9)
+        v, lo, hi = _boot(area, p["surface"], resamples=resamples, seed=9, groups=g.get("surface"))
         f.setdefault("area", {})[name] = {"mean": float(v), "lower": float(lo), "upper": float(hi)}
     for other in (rep.generous, rep.tight):
         o = pooled[other]
-        v, lo, hi = _boot(lambda a, b: min_pass1(a) - min_pass1(b), mix["surface"], o["surface"], resamples=resamples, seed=10)
+        v, lo, hi = _boot(lambda a, b: min_pass1(a) - min_pass1(b), mix["surface"], o["surface"], resamples=resamples,
+                          seed=10, groups=g.get("surface"))
         f.setdefault("mix_minus", {})[other] = {"min_pass1": {"mean": float(v), "lower": float(lo), "upper": float(hi)}}
-        v, lo, hi = _boot(lambda a, b: a.mean() - b.mean(), mix["surface"], o["surface"], resamples=resamples, seed=11)
+        v, lo, hi = _boot(lambda a, b: a.mean() - b.mean(), mix["surface"], o["surface"], resamples=resamples, seed=11,
+                          groups=g.get("surface"))
         f["mix_minus"][other]["area"] = {"mean": float(v), "lower": float(lo), "upper": float(hi)}
     return f
 
@@ -302,19 +309,20 @@ def _figures(out: str, pooled: dict, names: list[str], ks, ts, resamples: int) -
     from bmrl.eval.plots import plot_difference_heatmap, plot_pass1_curves, plot_surface_heatmap
 
     k1 = ks.index(1)
+    groups = pooled.get(GROUPS, {}).get("surface")
     fig_dir = os.path.join(out, "figures")
     curves = {}
     paths = {}
     for name in names:
         s = pooled[name]["surface"]
-        curves[name] = _boot(lambda a: a[:, k1, :].mean(0), s, resamples=resamples, seed=13)
+        curves[name] = _boot(lambda a: a[:, k1, :].mean(0), s, resamples=resamples, seed=13, groups=groups)
         paths[f"surface_{name}"] = plot_surface_heatmap(s.mean(0), ks, ts, os.path.join(fig_dir, f"surface_{name}.png"),
                                                         title=f"Pass@(K,T): {name}")
     paths["pass1"] = plot_pass1_curves(ts, curves, os.path.join(fig_dir, "pass1_curves.png"),
-                                       title="Pass@(1,T), 95% intervals over (seed, task)")
+                                       title="Pass@(1,T), 95% bootstrap intervals over seeds and tasks")
     for name in names[1:]:
         d = pooled[name]["surface"] - pooled[BASE]["surface"]
-        est, lo, hi = _boot(lambda a: a.mean(0), d, resamples=resamples, seed=14)
+        est, lo, hi = _boot(lambda a: a.mean(0), d, resamples=resamples, seed=14, groups=groups)
         paths[f"diff_{name}"] = plot_difference_heatmap(est, lo, hi, ks, ts, os.path.join(fig_dir, f"diff_{name}_vs_base.png"),
                                                         title=f"{name} - base")
     return paths
