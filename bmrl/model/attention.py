@@ -61,27 +61,30 @@ def attend_cache(
     positions: jax.Array,
     bound: jax.Array,
     block_size: int = BLOCK_SIZE,
+    shared: tuple[jax.Array, jax.Array] | None = None,
 ) -> jax.Array:
     """Queries attend to cache keys at positions <= their own and < `bound`.
 
     q: [batch, chunk, heads, head_dim]; k_cache, v_cache: [batch, kv_heads, max_len, head_dim];
-    positions: [batch, chunk] int (each query's position); bound: scalar int, the end of the longest
-    live row (keys at or past it are never read). Returns [batch, chunk, heads * head_dim] in v's
-    dtype. `block_size` keys per loop step (static); 0 attends over the whole buffer in one step.
-    A query with no key to attend to gets zeros.
+    positions: [batch, chunk] int (each query's cache position); bound: scalar int, the end of the
+    longest live row (keys at or past it are never read). Returns [batch, chunk, heads * head_dim]
+    in v's dtype. `block_size` keys per loop step (static); 0, or a buffer shorter than two blocks,
+    attends over the whole buffer in one step. A query with no key to attend to gets zeros.
+    shared: keys/values `[1, kv_heads, prefix, head_dim]` of a prefix every row starts with, seen
+    by every query before its own cache: one matrix product for all rows' queries (not one per row).
     """
     batch, chunk, heads, head_dim = q.shape
     kv_heads, max_len = k_cache.shape[1], k_cache.shape[2]
     group = heads // kv_heads
     qg = _group_queries(q, kv_heads)
     qpos = jnp.tile(positions.astype(jnp.int32), (1, group))[:, None, :, None]  # [batch, 1, rows, 1]
-    size = max_len if block_size <= 0 else min(block_size, max_len)
+    # One pass when the buffer holds less than two blocks: a loop step costs more than the extra keys.
+    size = max_len if block_size <= 0 or max_len < 2 * block_size else block_size
     bound = jnp.clip(jnp.asarray(bound, jnp.int32), 0, max_len)
 
-    def block(j, carry):
+    def keys_from(carry, first, start, size: int):
+        """Fold keys first .. first + size - 1 (those >= start) into the running softmax."""
         m, l, acc = carry
-        start = j * size
-        first = jnp.minimum(start, max_len - size)  # the last block may overlap the one before
         k = jax.lax.dynamic_slice_in_dim(k_cache, first, size, axis=2)
         v = jax.lax.dynamic_slice_in_dim(v_cache, first, size, axis=2)
         key_pos = first + jnp.arange(size, dtype=jnp.int32)
@@ -94,15 +97,38 @@ def attend_cache(
         pv = jnp.einsum("bkqt,bktd->bkqd", p.astype(v.dtype), v, preferred_element_type=jnp.float32)
         return m_new, l * scale + p.sum(axis=-1), acc * scale[..., None] + pv
 
+    def block(j, carry):
+        start = j * size
+        return keys_from(carry, jnp.minimum(start, max_len - size), start, size)  # the last may overlap
+
     rows = group * chunk
-    init = (
-        jnp.full((batch, kv_heads, rows), _MASKED, jnp.float32),
-        jnp.zeros((batch, kv_heads, rows), jnp.float32),
-        jnp.zeros((batch, kv_heads, rows, head_dim), jnp.float32),
-    )
+    if shared is None:
+        init = (
+            jnp.full((batch, kv_heads, rows), _MASKED, jnp.float32),
+            jnp.zeros((batch, kv_heads, rows), jnp.float32),
+            jnp.zeros((batch, kv_heads, rows, head_dim), jnp.float32),
+        )
+    else:
+        init = _attend_shared(qg, *shared)
     if size == max_len:
         _, l, acc = block(0, init)
     else:
         _, l, acc = jax.lax.fori_loop(0, (bound + size - 1) // size, block, init)
     out = acc / jnp.where(l > 0, l, 1.0)[..., None]
     return _ungroup(out.astype(v_cache.dtype), chunk)
+
+
+def _attend_shared(qg: jax.Array, k: jax.Array, v: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Softmax state (max, sum, weighted values) of queries `[batch, kv_heads, rows, d]` over shared
+    keys/values `[1, kv_heads, prefix, d]`, all visible: the start of the running softmax."""
+    batch, kv_heads, rows, head_dim = qg.shape
+    q = qg.transpose(1, 0, 2, 3).reshape(kv_heads, batch * rows, head_dim)
+    s = jnp.einsum("kqd,ktd->kqt", q, k[0], preferred_element_type=jnp.float32) * head_dim**-0.5
+    m = s.max(axis=-1)
+    p = jnp.exp(s - m[..., None])
+    acc = jnp.einsum("kqt,ktd->kqd", p.astype(v.dtype), v[0], preferred_element_type=jnp.float32)
+
+    def per_row(x):
+        return x.reshape(kv_heads, batch, rows, *x.shape[2:]).swapaxes(0, 1)
+
+    return per_row(m), per_row(p.sum(axis=-1)), per_row(acc)

@@ -71,13 +71,14 @@ class Attention(nnx.Module):
         write_index: jax.Array | None = None,
         bound: jax.Array | None = None,
         block_size: int = BLOCK_SIZE,
+        shared: tuple[jax.Array, jax.Array] | None = None,
     ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
-        """x: [batch, seq, hidden]; positions: [batch, seq]; mask: [batch, seq, seq] (no cache).
+        """x: [batch, seq, hidden]; positions: [batch, seq] (RoPE); mask: [batch, seq, seq] (no cache).
 
         Without a cache the keys are this chunk's own, under `mask`. With one, the chunk's
         keys/values are first scattered into it at `write_index: [batch, seq]` (out-of-range indices
-        are dropped), then each query attends to the cache positions <= its own and < `bound`, in
-        blocks of `block_size` keys (see `attend_cache`).
+        are dropped), then each query attends to the `shared` prefix (if any) and to the cache
+        positions <= its own and < `bound`, in blocks of `block_size` keys (see `attend_cache`).
         """
         cfg = self.config
         batch, seq, _ = x.shape
@@ -89,7 +90,9 @@ class Attention(nnx.Module):
         if cache is None:
             return self.o_proj(attend(q, k, v, mask)), None
         cache = (write_cache(cache[0], k, write_index), write_cache(cache[1], v, write_index))
-        return self.o_proj(attend_cache(q, *cache, positions, bound, block_size)), cache
+        cache_positions = positions if shared is None else positions - shared[0].shape[2]
+        out = attend_cache(q, *cache, cache_positions, bound, block_size, shared)
+        return self.o_proj(out), cache
 
 
 class MLP(nnx.Module):
@@ -120,9 +123,10 @@ class DecoderLayer(nnx.Module):
         write_index: jax.Array | None = None,
         bound: jax.Array | None = None,
         block_size: int = BLOCK_SIZE,
+        shared: tuple[jax.Array, jax.Array] | None = None,
     ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
         """Pre-norm residual block: attention then SwiGLU (arguments as in `Attention`)."""
-        attn = self.self_attn(self.input_layernorm(x), positions, mask, cache, write_index, bound, block_size)
+        attn = self.self_attn(self.input_layernorm(x), positions, mask, cache, write_index, bound, block_size, shared)
         h, cache = attn
         x = x + h
         x = x + self.mlp(self.post_attention_layernorm(x))
@@ -206,6 +210,7 @@ class Decoder(nnx.Module):
         *,
         last_only: bool = False,
         block_size: int = BLOCK_SIZE,
+        shared: KVCache | None = None,
     ) -> tuple[jax.Array, KVCache]:
         """Append a chunk per sequence to the cache and return its logits.
 
@@ -218,6 +223,9 @@ class Decoder(nnx.Module):
         Attention reads the cache in blocks of `block_size` keys (static; 0 = the whole buffer) up to
         the longest live row, max(offsets + lengths): cost follows the filled context, and one
         program serves every context length. Logits at padding (i >= lengths[b]) are meaningless.
+        shared: the cache `[1, kv_heads, prefix, head_dim]` of a prefix every row starts with (built
+        by `extend` at batch 1); then `cache` and `offsets` count from the end of the prefix (RoPE
+        position prefix + offsets[b] + i), and every row attends to the prefix, stored once.
         """
         batch, chunk = tokens.shape
         max_len = cache[0][0].shape[2]
@@ -227,10 +235,12 @@ class Decoder(nnx.Module):
         writes = (steps < lengths[:, None]) & (positions >= 0) & (positions < max_len)
         write_index = jnp.where(writes, positions, max_len)  # max_len = out of range -> dropped
         bound = jnp.max(jnp.where(lengths > 0, offsets + lengths, 0))
+        rope_positions = positions if shared is None else positions + shared[0][0].shape[2]
         x = self.embed_tokens(tokens)
         new_cache = []
-        for layer, layer_cache in zip(self.layers, cache, strict=True):
-            x, layer_cache = layer(x, positions, None, layer_cache, write_index, bound, block_size)
+        for i, (layer, layer_cache) in enumerate(zip(self.layers, cache, strict=True)):
+            layer_shared = None if shared is None else shared[i]
+            x, layer_cache = layer(x, rope_positions, None, layer_cache, write_index, bound, block_size, layer_shared)
             new_cache.append(layer_cache)
         if last_only:
             last = jnp.clip(lengths - 1, 0, chunk - 1)
