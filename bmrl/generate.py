@@ -35,7 +35,9 @@ NOISE_LIMIT = 1 << 26  # pre-draw all steps' noise when batch * steps * vocab fi
 
 class Generation(NamedTuple):
     """tokens, logprobs: [batch, max_new_tokens] (pad_id / 0 after a row stops); lengths: [batch]
-    generated tokens per row, its stop token included; stopped: [batch] bool, ended by a stop token."""
+    generated tokens per row, its stop token included; stopped: [batch] bool, ended by a stop token.
+    logprobs are the policy's, log_softmax(logits / temperature) before top-k/top-p filtering
+    (`bmrl.sampling.policy_logprobs`), as the learner computes them."""
 
     tokens: jax.Array
     logprobs: jax.Array

@@ -9,6 +9,8 @@ Two entry points:
 - `model(tokens, attention_mask, positions)`: full causal forward (training, scoring).
 - `model.extend(tokens, lengths, offsets, cache)`: append a chunk per sequence to the KV cache at
   per-sequence offsets (prefill with chunk > 1, decode with chunk = 1); static shapes throughout.
+  Attention reads the head-major cache in blocks up to the longest live row (`bmrl.model.attention`),
+  so a step costs what is filled, not the buffer; `shared=` reads a prefix common to all rows once.
 """
 
 from __future__ import annotations
