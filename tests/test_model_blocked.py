@@ -143,3 +143,23 @@ def test_decode_step_neither_copies_nor_transposes_the_cache_and_donates_it(mode
     _, new_cache = step(*args)
     assert all(x.is_deleted() for x in jax.tree_util.tree_leaves(cache))  # donated: updated in place
     assert not any(x.is_deleted() for x in jax.tree_util.tree_leaves(new_cache))
+
+
+def test_shared_prefix_cache_equals_the_prefix_in_every_row(model):
+    """`extend(shared=)`: a prefix prefilled once at batch 1 and read by every row gives the logits of
+    each row holding the prefix in its own cache (offsets then count from the prefix's end)."""
+    graphdef, state = nnx.split(model)
+    extend = jax.jit(lambda s, t, n, o, c, sh: nnx.merge(graphdef, s).extend(t, n, o, c, block_size=4, shared=sh))
+    plain = _extend(graphdef, 4)
+    prefix, rows, lengths = _tokens((1, 7), seed=5), _tokens((3, 5), seed=6), jnp.asarray([5, 2, 4])
+    shared = model.init_cache(1, 7)
+    _, shared = plain(state, prefix, jnp.asarray([7]), jnp.zeros(1, jnp.int32), shared)
+    got, cache = extend(state, rows, lengths, jnp.zeros(3, jnp.int32), model.init_cache(3, 12), shared)
+    step, _ = extend(state, rows[:, :1], jnp.ones(3, jnp.int32), lengths, cache, shared)
+    joined = jnp.concatenate([jnp.repeat(prefix, 3, axis=0), rows], axis=1)
+    lengths_joined = lengths + 7
+    want, cache = plain(state, joined, lengths_joined, jnp.zeros(3, jnp.int32), model.init_cache(3, 19))
+    want_step, _ = plain(state, rows[:, :1], jnp.ones(3, jnp.int32), lengths_joined, cache)
+    for b in range(3):
+        np.testing.assert_allclose(got[b, : lengths[b]], want[b, 7 : 7 + lengths[b]], atol=TOL, rtol=0)
+    np.testing.assert_allclose(step, want_step, atol=TOL, rtol=0)
