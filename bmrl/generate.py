@@ -189,6 +189,8 @@ def _row_keys(key: jax.Array, batch: int) -> jax.Array:
     """One typed PRNG key per row: a single key is split, [batch] keys (typed or raw [batch, 2]) kept."""
     key = jnp.asarray(key) if not isinstance(key, jax.Array) else key
     if not jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
+        if key.ndim == 0 or key.shape[-1] != 2:
+            raise ValueError(f"key must be a PRNG key, e.g. jax.random.key(seed), got {key.dtype}{key.shape}.")
         key = jax.random.wrap_key_data(key.astype(jnp.uint32))
     if key.shape == ():
         return jax.random.split(key, batch)

@@ -115,6 +115,7 @@ def test_one_compile_per_shape(model):
         (dict(max_new_tokens=0), "max_new_tokens must be >= 1"),
         (dict(key=jax.random.split(jax.random.key(0), 3)), r"one per prompt \(\[2\]\)"),
         (dict(max_new_tokens=5000), "exceeds the model's max_position_embeddings"),
+        (dict(key=7), r"key must be a PRNG key, e.g. jax.random.key\(seed\)"),
         (dict(prompts=np.zeros((2, 3), np.int32), lengths=[3, 4]), r"lengths must be in \[0, 3\]"),
         (dict(lengths=[1, 1]), "lengths is only for array prompts"),
     ],
