@@ -130,9 +130,11 @@ def _cache_sized_copies(hlo: str, size: int) -> list[str]:
     return found
 
 
-def test_decode_step_neither_copies_nor_transposes_the_cache_and_donates_it(model):
+@pytest.mark.parametrize("block_size", [64, 16])  # one pass over the 64-slot buffer; a loop of 4 blocks
+def test_decode_step_neither_copies_nor_transposes_the_cache_and_donates_it(model, block_size):
     graphdef, state = nnx.split(model)
-    step = jax.jit(lambda s, t, o, c: nnx.merge(graphdef, s).extend(t, jnp.ones(3, jnp.int32), o, c), donate_argnums=3)
+    step = jax.jit(lambda s, t, o, c: nnx.merge(graphdef, s).extend(t, jnp.ones(3, jnp.int32), o, c,
+                                                                    block_size=block_size), donate_argnums=3)
     cache = model.init_cache(3, 64)
     args = (state, _tokens((3, 1)), jnp.asarray([0, 5, 63], jnp.int32), cache)
     hlo = step.lower(*args).compile().as_text()
