@@ -64,10 +64,10 @@ def main() -> None:
     parser.add_argument("--prompt", type=int, default=8)
     parser.add_argument("--prefix", type=int, default=93)
     parser.add_argument("--new", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--quick", action="store_true", help="3 repeats")
+    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--quick", action="store_true", help="5 repeats")
     args = parser.parse_args()
-    repeats = 3 if args.quick else args.repeats
+    repeats = 5 if args.quick else args.repeats
 
     model = init_model(CONFIG, seed=0)
     graphdef, state = nnx.split(model)
