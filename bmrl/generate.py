@@ -52,7 +52,7 @@ def generate(
     max_new_tokens: int,
     key: jax.Array,
     lengths: jax.Array | np.ndarray | None = None,
-    sampling: SamplingConfig = SamplingConfig(),
+    sampling: SamplingConfig | None = None,
     stop_tokens: Sequence[int] = (),
     prefix: Sequence[int] = (),
     pad_id: int = 0,
@@ -62,8 +62,10 @@ def generate(
 
     prompts: a list of token-id lists, or `[batch, width]` int right-padded with `lengths: [batch]`
     (default: all `width`). key: one PRNG key (split per row) or `[batch]` keys, one per row.
+    sampling: temperature / top-k / top-p (default `SamplingConfig()`: temperature 1, no filter).
     prefix: token ids every row's context starts with, prefilled once for the batch.
     """
+    sampling = sampling or SamplingConfig()
     prompts, lengths = _prompt_arrays(prompts, lengths, pad_id)
     batch, width = prompts.shape
     cfg = model.config

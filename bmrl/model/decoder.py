@@ -229,7 +229,7 @@ class Decoder(nnx.Module):
         by `extend` at batch 1); then `cache` and `offsets` count from the end of the prefix (RoPE
         position prefix + offsets[b] + i), and every row attends to the prefix, stored once.
         """
-        batch, chunk = tokens.shape
+        chunk = tokens.shape[1]
         max_len = cache[0][0].shape[2]
         steps = jnp.arange(chunk, dtype=jnp.int32)
         offsets, lengths = offsets.astype(jnp.int32), lengths.astype(jnp.int32)
