@@ -56,15 +56,30 @@ def _filter(logits: jax.Array, cfg: SamplingConfig) -> jax.Array:
     return logits
 
 
-def sample(keys: jax.Array, logits: jax.Array, cfg: SamplingConfig) -> tuple[jax.Array, jax.Array]:
-    """keys: [batch] PRNG keys, logits: [batch, vocab] -> (tokens int32[batch], logprobs f32[batch]).
+def gumbel_noise(keys: jax.Array, vocab: int) -> jax.Array:
+    """keys: [batch] PRNG keys -> f32 [batch, vocab]: the noise `jax.random.categorical` adds per row."""
+    return jax.vmap(lambda k: jax.random.gumbel(k, (vocab,), jnp.float32))(keys)
 
-    Each row uses only its own key, so a sequence's samples do not depend on its batch neighbours.
-    """
+
+def sample_with_noise(
+    noise: jax.Array | None, logits: jax.Array, cfg: SamplingConfig
+) -> tuple[jax.Array, jax.Array]:
+    """`sample` with its Gumbel noise `[batch, vocab]` drawn beforehand (`gumbel_noise`; None when
+    greedy): a caller can draw the noise of many steps in one call. Same tokens as `sample`."""
     logp = policy_logprobs(logits, cfg)
     if cfg.greedy:
         tokens = jnp.argmax(logits, axis=-1).astype(jnp.int32)
     else:
-        filtered = jax.vmap(lambda lg: _filter(lg, cfg))(logp)
-        tokens = jax.vmap(jax.random.categorical)(keys, filtered).astype(jnp.int32)
+        filtered = logp if not (cfg.top_k or cfg.top_p < 1.0) else jax.vmap(lambda lg: _filter(lg, cfg))(logp)
+        tokens = jnp.argmax(filtered + noise, axis=-1).astype(jnp.int32)
     return tokens, jnp.take_along_axis(logp, tokens[:, None], axis=-1)[:, 0]
+
+
+def sample(keys: jax.Array, logits: jax.Array, cfg: SamplingConfig) -> tuple[jax.Array, jax.Array]:
+    """keys: [batch] PRNG keys, logits: [batch, vocab] -> (tokens int32[batch], logprobs f32[batch]).
+
+    Each row uses only its own key, so a sequence's samples do not depend on its batch neighbours.
+    Tokens are those of `jax.random.categorical(key, filtered log-probs)` (Gumbel-max).
+    """
+    noise = None if cfg.greedy else gumbel_noise(keys, logits.shape[-1])
+    return sample_with_noise(noise, logits, cfg)

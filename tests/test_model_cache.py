@@ -146,10 +146,11 @@ def test_writes_past_max_len_are_dropped_not_clamped(model):
     for (k0, v0), (k1, v1), (kb, vb) in zip(before, after, big, strict=True):
         for old, new, ref in ((k0, k1, kb), (v0, v1, vb)):
             new = np.asarray(new)
-            np.testing.assert_array_equal(new[:, :6], old[:, :6])  # earlier positions untouched
-            np.testing.assert_allclose(new[0, 6:8], np.asarray(ref)[0, 6:8], atol=TOL, rtol=0)
+            # cache layout [batch, kv_heads, max_len, head_dim]
+            np.testing.assert_array_equal(new[:, :, :6], old[:, :, :6])  # earlier positions untouched
+            np.testing.assert_allclose(new[0, :, 6:8], np.asarray(ref)[0, :, 6:8], atol=TOL, rtol=0)
             np.testing.assert_array_equal(new[1], old[1])  # fully out-of-range row unchanged
-            assert not np.allclose(new[0, 7], np.asarray(ref)[0, 9])  # position 9 not clamped onto 7
+            assert not np.allclose(new[0, :, 7], np.asarray(ref)[0, :, 9])  # position 9 not clamped onto 7
 
 
 def test_zero_length_rows_change_nothing(model):

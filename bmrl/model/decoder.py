@@ -9,6 +9,8 @@ Two entry points:
 - `model(tokens, attention_mask, positions)`: full causal forward (training, scoring).
 - `model.extend(tokens, lengths, offsets, cache)`: append a chunk per sequence to the KV cache at
   per-sequence offsets (prefill with chunk > 1, decode with chunk = 1); static shapes throughout.
+  Attention reads the head-major cache in blocks up to the longest live row (`bmrl.model.attention`),
+  so a step costs what is filled, not the buffer; `shared=` reads a prefix common to all rows once.
 """
 
 from __future__ import annotations
@@ -17,13 +19,13 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from bmrl.model.attention import BLOCK_SIZE, attend, attend_cache, write_cache
 from bmrl.model.config import ModelConfig
 from bmrl.model.rope import apply_rope, inverse_frequencies
 
-# A tuple over layers of (keys, values), each [batch, max_len, kv_heads, head_dim].
+# A tuple over layers of (keys, values), each [batch, kv_heads, max_len, head_dim] (head-major: the
+# attention contractions read it as stored, so a decode step neither copies nor transposes it).
 KVCache = tuple[tuple[jax.Array, jax.Array], ...]
-
-_MASKED = -0.7 * float(jnp.finfo(jnp.float32).max)  # finite: a fully masked row stays NaN-free
 _init = nnx.initializers.normal(stddev=0.02)
 
 
@@ -53,22 +55,6 @@ def _linear(cfg: ModelConfig, d_in: int, d_out: int, bias: bool, rngs: nnx.Rngs)
     )
 
 
-def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
-    """Grouped-query attention.
-
-    q: [batch, seq, heads, head_dim]; k, v: [batch, keys, kv_heads, head_dim];
-    mask: [batch, seq, keys] bool (True = may attend). Returns [batch, seq, heads * head_dim].
-    """
-    batch, seq, heads, head_dim = q.shape
-    kv_heads = k.shape[2]
-    q = q.reshape(batch, seq, kv_heads, heads // kv_heads, head_dim)
-    scores = jnp.einsum("bskgd,btkd->bkgst", q, k, preferred_element_type=jnp.float32)
-    scores = jnp.where(mask[:, None, None], scores * head_dim**-0.5, _MASKED)
-    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    out = jnp.einsum("bkgst,btkd->bskgd", probs, v)
-    return out.reshape(batch, seq, heads * head_dim)
-
-
 class Attention(nnx.Module):
     def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
         d, hd = cfg.hidden_size, cfg.head_dim
@@ -82,15 +68,19 @@ class Attention(nnx.Module):
         self,
         x: jax.Array,
         positions: jax.Array,
-        mask: jax.Array,
+        mask: jax.Array | None,
         cache: tuple[jax.Array, jax.Array] | None = None,
         write_index: jax.Array | None = None,
+        bound: jax.Array | None = None,
+        block_size: int = BLOCK_SIZE,
+        shared: tuple[jax.Array, jax.Array] | None = None,
     ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
-        """x: [batch, seq, hidden]; positions: [batch, seq]; mask: [batch, seq, keys].
+        """x: [batch, seq, hidden]; positions: [batch, seq] (RoPE); mask: [batch, seq, seq] (no cache).
 
-        Without a cache the keys are this chunk's own. With one, the chunk's keys/values are first
-        scattered into it at `write_index: [batch, seq]` (out-of-range indices are dropped) and the
-        queries attend over the whole cache.
+        Without a cache the keys are this chunk's own, under `mask`. With one, the chunk's
+        keys/values are first scattered into it at `write_index: [batch, seq]` (out-of-range indices
+        are dropped), then each query attends to the `shared` prefix (if any) and to the cache
+        positions <= its own and < `bound`, in blocks of `block_size` keys (see `attend_cache`).
         """
         cfg = self.config
         batch, seq, _ = x.shape
@@ -99,13 +89,12 @@ class Attention(nnx.Module):
         k = self.k_proj(x).reshape(batch, seq, cfg.num_key_value_heads, cfg.head_dim)
         v = self.v_proj(x).reshape(batch, seq, cfg.num_key_value_heads, cfg.head_dim)
         q, k = apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq)
-        if cache is not None:
-            k_cache, v_cache = cache
-            rows = jnp.arange(batch)[:, None]
-            k_cache = k_cache.at[rows, write_index].set(k.astype(k_cache.dtype), mode="drop")
-            v_cache = v_cache.at[rows, write_index].set(v.astype(v_cache.dtype), mode="drop")
-            cache, k, v = (k_cache, v_cache), k_cache, v_cache
-        return self.o_proj(attend(q, k, v, mask)), cache
+        if cache is None:
+            return self.o_proj(attend(q, k, v, mask)), None
+        cache = (write_cache(cache[0], k, write_index), write_cache(cache[1], v, write_index))
+        cache_positions = positions if shared is None else positions - shared[0].shape[2]
+        out = attend_cache(q, *cache, cache_positions, bound, block_size, shared)
+        return self.o_proj(out), cache
 
 
 class MLP(nnx.Module):
@@ -131,12 +120,16 @@ class DecoderLayer(nnx.Module):
         self,
         x: jax.Array,
         positions: jax.Array,
-        mask: jax.Array,
+        mask: jax.Array | None,
         cache: tuple[jax.Array, jax.Array] | None = None,
         write_index: jax.Array | None = None,
+        bound: jax.Array | None = None,
+        block_size: int = BLOCK_SIZE,
+        shared: tuple[jax.Array, jax.Array] | None = None,
     ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
         """Pre-norm residual block: attention then SwiGLU (arguments as in `Attention`)."""
-        h, cache = self.self_attn(self.input_layernorm(x), positions, mask, cache, write_index)
+        attn = self.self_attn(self.input_layernorm(x), positions, mask, cache, write_index, bound, block_size, shared)
+        h, cache = attn
         x = x + h
         x = x + self.mlp(self.post_attention_layernorm(x))
         return x, cache
@@ -204,9 +197,9 @@ class Decoder(nnx.Module):
 
     # ------------------------------------------------------------ KV cache
     def init_cache(self, batch: int, max_len: int, dtype: jnp.dtype | None = None) -> KVCache:
-        """Zeroed cache: per layer (keys, values), each [batch, max_len, kv_heads, head_dim]."""
+        """Zeroed cache: per layer (keys, values), each [batch, kv_heads, max_len, head_dim]."""
         cfg = self.config
-        shape = (batch, max_len, cfg.num_key_value_heads, cfg.head_dim)
+        shape = (batch, cfg.num_key_value_heads, max_len, cfg.head_dim)
         dtype = dtype or cfg.jnp_dtype
         return tuple((jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)) for _ in range(cfg.num_hidden_layers))
 
@@ -218,6 +211,8 @@ class Decoder(nnx.Module):
         cache: KVCache,
         *,
         last_only: bool = False,
+        block_size: int = BLOCK_SIZE,
+        shared: KVCache | None = None,
     ) -> tuple[jax.Array, KVCache]:
         """Append a chunk per sequence to the cache and return its logits.
 
@@ -227,21 +222,30 @@ class Decoder(nnx.Module):
         RoPE position offsets[b] + i and attends to cache positions <= that position.
         Returns (logits [batch, chunk, vocab] float32, cache); with `last_only=True` logits are
         [batch, 1, vocab], at each row's last real token (index lengths[b] - 1, or 0 when empty).
+        Attention reads the cache in blocks of `block_size` keys (static; 0 = the whole buffer) up to
+        the longest live row, max(offsets + lengths): cost follows the filled context, and one
+        program serves every context length. Logits at padding (i >= lengths[b]) are meaningless.
+        shared: the cache `[1, kv_heads, prefix, head_dim]` of a prefix every row starts with (built
+        by `extend` at batch 1); then `cache` and `offsets` count from the end of the prefix (RoPE
+        position prefix + offsets[b] + i), and every row attends to the prefix, stored once.
         """
-        batch, chunk = tokens.shape
-        max_len = cache[0][0].shape[1]
+        chunk = tokens.shape[1]
+        max_len = cache[0][0].shape[2]
         steps = jnp.arange(chunk, dtype=jnp.int32)
-        positions = offsets.astype(jnp.int32)[:, None] + steps  # [batch, chunk]
+        offsets, lengths = offsets.astype(jnp.int32), lengths.astype(jnp.int32)
+        positions = offsets[:, None] + steps  # [batch, chunk]
         writes = (steps < lengths[:, None]) & (positions >= 0) & (positions < max_len)
         write_index = jnp.where(writes, positions, max_len)  # max_len = out of range -> dropped
-        mask = jnp.arange(max_len, dtype=jnp.int32)[None, None, :] <= positions[:, :, None]
+        bound = jnp.max(jnp.where(lengths > 0, offsets + lengths, 0))
+        rope_positions = positions if shared is None else positions + shared[0][0].shape[2]
         x = self.embed_tokens(tokens)
         new_cache = []
-        for layer, layer_cache in zip(self.layers, cache, strict=True):
-            x, layer_cache = layer(x, positions, mask, layer_cache, write_index)
+        for i, (layer, layer_cache) in enumerate(zip(self.layers, cache, strict=True)):
+            layer_shared = None if shared is None else shared[i]
+            x, layer_cache = layer(x, rope_positions, None, layer_cache, write_index, bound, block_size, layer_shared)
             new_cache.append(layer_cache)
         if last_only:
-            last = jnp.clip(lengths.astype(jnp.int32) - 1, 0, chunk - 1)
+            last = jnp.clip(lengths - 1, 0, chunk - 1)
             x = jnp.take_along_axis(x, last[:, None, None], axis=1)
         return self.logits(self.norm(x)), tuple(new_cache)
 

@@ -1,0 +1,134 @@
+"""Grouped-query attention: over a chunk's own keys (full forward) and over a head-major KV cache.
+
+The cache of one layer is a pair of `[batch, kv_heads, max_len, head_dim]` arrays (head-major: the
+score and value contractions take their operands as stored, so a decode step neither copies nor
+transposes the cache). Attention over the cache runs in fixed-size blocks of keys with a running
+(online) softmax, the loop bounded by `bound`, the longest live row, a traced value: cost follows the
+filled context, not the buffer, and one compiled program serves every context length.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+BLOCK_SIZE = 64  # keys per attention block (static; fastest measured on CPU); 0 = the whole buffer at once
+_MASKED = -0.7 * float(jnp.finfo(jnp.float32).max)  # finite: a fully masked row stays NaN-free
+
+
+def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
+    """Grouped-query attention over a chunk's own keys (the full forward pass).
+
+    q: [batch, seq, heads, head_dim]; k, v: [batch, keys, kv_heads, head_dim];
+    mask: [batch, seq, keys] bool (True = may attend). Returns [batch, seq, heads * head_dim].
+    """
+    batch, seq, heads, head_dim = q.shape
+    kv_heads = k.shape[2]
+    q = q.reshape(batch, seq, kv_heads, heads // kv_heads, head_dim)
+    scores = jnp.einsum("bskgd,btkd->bkgst", q, k, preferred_element_type=jnp.float32)
+    scores = jnp.where(mask[:, None, None], scores * head_dim**-0.5, _MASKED)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    out = jnp.einsum("bkgst,btkd->bskgd", probs, v)
+    return out.reshape(batch, seq, heads * head_dim)
+
+
+def write_cache(cache: jax.Array, new: jax.Array, write_index: jax.Array) -> jax.Array:
+    """Scatter `new: [batch, chunk, kv_heads, head_dim]` into `cache: [batch, kv_heads, max_len, head_dim]`
+    at positions `write_index: [batch, chunk]`; indices outside [0, max_len) are dropped, never clamped."""
+    rows = jnp.arange(cache.shape[0])[:, None]
+    return cache.at[rows, :, write_index].set(new.astype(cache.dtype), mode="drop")
+
+
+def _group_queries(q: jax.Array, kv_heads: int) -> jax.Array:
+    """[batch, chunk, heads, d] -> [batch, kv_heads, group * chunk, d] (row g * chunk + c)."""
+    batch, chunk, heads, head_dim = q.shape
+    group = heads // kv_heads
+    q = q.reshape(batch, chunk, kv_heads, group, head_dim).transpose(0, 2, 3, 1, 4)
+    return q.reshape(batch, kv_heads, group * chunk, head_dim)
+
+
+def _ungroup(out: jax.Array, chunk: int) -> jax.Array:
+    """[batch, kv_heads, group * chunk, d] -> [batch, chunk, heads * d] (head index kv * group + g)."""
+    batch, kv_heads, rows, head_dim = out.shape
+    out = out.reshape(batch, kv_heads, rows // chunk, chunk, head_dim).transpose(0, 3, 1, 2, 4)
+    return out.reshape(batch, chunk, rows // chunk * kv_heads * head_dim)
+
+
+def attend_cache(
+    q: jax.Array,
+    k_cache: jax.Array,
+    v_cache: jax.Array,
+    positions: jax.Array,
+    bound: jax.Array,
+    block_size: int = BLOCK_SIZE,
+    shared: tuple[jax.Array, jax.Array] | None = None,
+) -> jax.Array:
+    """Queries attend to cache keys at positions <= their own and < `bound`.
+
+    q: [batch, chunk, heads, head_dim]; k_cache, v_cache: [batch, kv_heads, max_len, head_dim];
+    positions: [batch, chunk] int (each query's cache position); bound: scalar int, the end of the
+    longest live row (keys at or past it are never read). Returns [batch, chunk, heads * head_dim]
+    in v's dtype. `block_size` keys per loop step (static); 0, or a buffer shorter than two blocks,
+    attends over the whole buffer in one step. A query with no key to attend to gets zeros.
+    shared: keys/values `[1, kv_heads, prefix, head_dim]` of a prefix every row starts with, seen
+    by every query before its own cache: one matrix product for all rows' queries (not one per row).
+    """
+    batch, chunk, heads, head_dim = q.shape
+    kv_heads, max_len = k_cache.shape[1], k_cache.shape[2]
+    group = heads // kv_heads
+    qg = _group_queries(q, kv_heads)
+    qpos = jnp.tile(positions.astype(jnp.int32), (1, group))[:, None, :, None]  # [batch, 1, rows, 1]
+    # One pass when the buffer holds less than two blocks: a loop step costs more than the extra keys.
+    size = max_len if block_size <= 0 or max_len < 2 * block_size else block_size
+    bound = jnp.clip(jnp.asarray(bound, jnp.int32), 0, max_len)
+
+    def keys_from(carry, first, start, size: int):
+        """Fold keys first .. first + size - 1 (those >= start) into the running softmax."""
+        m, l, acc = carry
+        k = jax.lax.dynamic_slice_in_dim(k_cache, first, size, axis=2)
+        v = jax.lax.dynamic_slice_in_dim(v_cache, first, size, axis=2)
+        key_pos = first + jnp.arange(size, dtype=jnp.int32)
+        valid = (key_pos >= start) & (key_pos < bound) & (key_pos <= qpos)  # [batch, 1, rows, size]
+        s = jnp.einsum("bkqd,bktd->bkqt", qg, k, preferred_element_type=jnp.float32) * head_dim**-0.5
+        s = jnp.where(valid, s, _MASKED)
+        m_new = jnp.maximum(m, s.max(axis=-1))
+        p = jnp.where(valid, jnp.exp(s - m_new[..., None]), 0.0)
+        scale = jnp.exp(m - m_new)
+        pv = jnp.einsum("bkqt,bktd->bkqd", p.astype(v.dtype), v, preferred_element_type=jnp.float32)
+        return m_new, l * scale + p.sum(axis=-1), acc * scale[..., None] + pv
+
+    def block(j, carry):
+        start = j * size
+        return keys_from(carry, jnp.minimum(start, max_len - size), start, size)  # the last may overlap
+
+    rows = group * chunk
+    if shared is None:
+        init = (
+            jnp.full((batch, kv_heads, rows), _MASKED, jnp.float32),
+            jnp.zeros((batch, kv_heads, rows), jnp.float32),
+            jnp.zeros((batch, kv_heads, rows, head_dim), jnp.float32),
+        )
+    else:
+        init = _attend_shared(qg, *shared)
+    if size == max_len:
+        _, l, acc = block(0, init)
+    else:
+        _, l, acc = jax.lax.fori_loop(0, (bound + size - 1) // size, block, init)
+    out = acc / jnp.where(l > 0, l, 1.0)[..., None]
+    return _ungroup(out.astype(v_cache.dtype), chunk)
+
+
+def _attend_shared(qg: jax.Array, k: jax.Array, v: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Softmax state (max, sum, weighted values) of queries `[batch, kv_heads, rows, d]` over shared
+    keys/values `[1, kv_heads, prefix, d]`, all visible: the start of the running softmax."""
+    batch, kv_heads, rows, head_dim = qg.shape
+    q = qg.transpose(1, 0, 2, 3).reshape(kv_heads, batch * rows, head_dim)
+    s = jnp.einsum("kqd,ktd->kqt", q, k[0], preferred_element_type=jnp.float32) * head_dim**-0.5
+    m = s.max(axis=-1)
+    p = jnp.exp(s - m[..., None])
+    acc = jnp.einsum("kqt,ktd->kqd", p.astype(v.dtype), v[0], preferred_element_type=jnp.float32)
+
+    def per_row(x):
+        return x.reshape(kv_heads, batch, rows, *x.shape[2:]).swapaxes(0, 1)
+
+    return per_row(m), per_row(p.sum(axis=-1)), per_row(acc)
