@@ -146,14 +146,17 @@ def train(cfg, *, progress: bool | None = None) -> dict:
     """Run RL training for `cfg` (a validated `bmrl.config.Config`); returns the summary dict.
 
     Raises `NonFiniteError` after `cfg.train.max_nonfinite` non-finite updates in a row (the
-    parameters and checkpoints keep the last finite values).
+    parameters and checkpoints keep the last finite values), `CheckpointWriteError` when a save
+    fails (the previous checkpoint is kept), `OutputNotWritable`, `NoGoodCheckpoint` or
+    `CheckpointMismatch` before training. A run that already finished returns its summary untouched.
     """
     wall0 = time.time()
     t, out = cfg.train, cfg.out_dir
     probe_writable(out)  # OutputNotWritable (exit 2) before anything is written
     finished = _finished_summary(out, t.steps)
     if finished is not None:  # resuming a finished run: nothing to do, nothing rewritten
-        print(f"bmrl train: {out} already finished {t.steps} steps; nothing to do.", flush=True)
+        print(f"bmrl train: {out} already finished {t.steps} steps; nothing to do (raise train.steps to "
+              "train on).", flush=True)
         return finished
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "config.yaml"), "w") as f:

@@ -14,8 +14,16 @@ import orbax.checkpoint as ocp
 import pytest
 from orbax.checkpoint._src.handlers import json_checkpoint_handler
 
-from bmrl.checkpoint import (CheckpointMismatch, Checkpointer, CheckpointWriteError, NoGoodCheckpoint,
-                             OutputNotWritable, fingerprints, key_data, probe_writable)
+from bmrl.checkpoint import (
+    Checkpointer,
+    CheckpointMismatch,
+    CheckpointWriteError,
+    NoGoodCheckpoint,
+    OutputNotWritable,
+    fingerprints,
+    key_data,
+    probe_writable,
+)
 
 
 def _state(seed: int, rows: int = 64):

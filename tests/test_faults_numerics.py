@@ -11,7 +11,6 @@ import optax
 from bmrl.learn import make_optimizer
 from bmrl.learn import step as step_lib
 from bmrl.learn.optim import skip_counts
-
 from tests.test_train import flat
 
 

@@ -99,7 +99,7 @@ def test_full_disk_then_corrupt_checkpoints_resume_bitwise(reference, tmp_path, 
     for key in ("tokens_seen", "eval_history", "eval_initial", "eval", "skipped_updates"):
         assert got[key] == ref[key], key
     assert list(got["eval_history"]) == ["0", "2", "4", str(STEPS)]
-    drop_perf = lambda d: {k: v for k, v in d.items() if not k.startswith("perf/")}  # noqa: E731
+    drop_perf = lambda d: {k: v for k, v in d.items() if not k.startswith("perf/")}
     assert drop_perf(got["final"]) == drop_perf(ref["final"])
     assert _records(out) == _records(reference)  # one record per step and eval, none duplicated
 

@@ -47,10 +47,10 @@ def test_constant_groups_get_exactly_zero_under_jit(name):
     values = np.asarray(CONSTANTS, np.float32)
     if name == "reinforce":  # a batch baseline: the whole batch must be constant, one batch per value
         batches = {g: np.repeat(values[:, None], 3 * g, axis=1) for g in sizes}  # [values, 3g]
-        run = lambda b: [jax.vmap(lambda row, g=g: fn(row, g))(b[g]) for g in sizes]  # noqa: E731
+        run = lambda b: [jax.vmap(lambda row, g=g: fn(row, g))(b[g]) for g in sizes]
     else:  # one constant group per value, side by side: [values * g]
         batches = {g: np.repeat(values, g) for g in sizes}
-        run = lambda b: [fn(b[g], g) for g in sizes]  # noqa: E731
+        run = lambda b: [fn(b[g], g) for g in sizes]
     jitted = jax.jit(run)({g: jnp.asarray(b) for g, b in batches.items()})
     eager = [fn(jnp.asarray(row), g) for g in (1, 3, 7, 8, 24, 32) if g in batches
              for row in batches[g].reshape(len(values), -1)]

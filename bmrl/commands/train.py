@@ -28,8 +28,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     cfg = load_config(args, "train")
-    from bmrl.checkpoint import (CheckpointMismatch, CheckpointNonFinite, CheckpointWriteError, NoGoodCheckpoint,
-                                 OutputNotWritable)
+    from bmrl.checkpoint import (
+        CheckpointMismatch,
+        CheckpointNonFinite,
+        CheckpointWriteError,
+        NoGoodCheckpoint,
+        OutputNotWritable,
+    )
     from bmrl.train import NonFiniteError, train
 
     try:

@@ -173,8 +173,7 @@ def keep_finite(params: Any, state: Any, new_params: Any, new_state: Any, loss: 
     ok = jnp.isfinite(loss) & jnp.isfinite(grad_norm) & all_finite((new_params, new_state))
     skipped = state._replace(consecutive_skips=state.consecutive_skips + 1, total_skips=state.total_skips + 1,
                              last_finite=jnp.asarray(False))
-    pick = lambda a, b: jax.tree.map(lambda x, y: jnp.where(ok, x, y), a, b)  # noqa: E731
-    return pick(new_params, params), pick(new_state, skipped)
+    return jax.lax.cond(ok, lambda: (new_params, new_state), lambda: (params, skipped))
 
 
 def init_opt_state(optimizer: optax.GradientTransformation, params: Any) -> Any:
