@@ -174,3 +174,27 @@ def test_cli_refuses_unwritable_out_dir(tmp_path, capsys):
     err = capsys.readouterr().err
     assert status == 2 and "is not a directory" in err and "Traceback" not in err
     assert sorted(os.listdir(tmp_path)) == ["cfg.yaml", "file"]
+
+
+def test_cli_full_disk_outside_a_checkpoint_exits_3(tmp_path, monkeypatch, capsys):
+    """ENOSPC while writing metrics, the policy or the summary: exit 3 with a message, no traceback;
+    any other OSError stays a bug (exit 1 through the traceback)."""
+    import bmrl.train
+    from bmrl.cli import main
+
+    def full(cfg, progress=None):
+        raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "run" / "metrics.jsonl"))
+
+    monkeypatch.setattr(bmrl.train, "train", full)
+    (tmp_path / "cfg.yaml").write_text("seed: 0\n")
+    args = ["train", "--config", str(tmp_path / "cfg.yaml"), f"out_dir={tmp_path / 'run'}", "--no-progress"]
+    assert main(args) == 3
+    err = capsys.readouterr().err
+    assert "no space left on device writing" in err and "metrics.jsonl" in err and "resume" in err
+    monkeypatch.setattr(bmrl.train, "train", lambda cfg, progress=None: _eacces())
+    with pytest.raises(OSError, match="Permission"):
+        main(args)
+
+
+def _eacces():
+    raise OSError(errno.EACCES, "Permission denied")

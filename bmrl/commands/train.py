@@ -10,6 +10,7 @@ a full disk): the last good checkpoint is kept and the same command resumes from
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import sys
 
@@ -45,6 +46,12 @@ def run(args: argparse.Namespace) -> int:
     except (OutputNotWritable, NoGoodCheckpoint, CheckpointMismatch) as err:
         print(f"bmrl train: {err.strerror if isinstance(err, OSError) else err}", file=sys.stderr)
         return 2
+    except OSError as err:  # a full disk while writing metrics, the policy or the summary
+        if err.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        print(f"bmrl train: stopped: no space left on device writing {err.filename or cfg.out_dir}; the last "
+              "checkpoint is kept. Free space and rerun the same command to resume.", file=sys.stderr)
+        return 3
     brief = {k: summary[k] for k in ("steps", "wall_s", "compiles", "skipped_updates", "eval", "policy")}
     print(json.dumps(brief))
     return 0
