@@ -35,6 +35,8 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
+from bmrl.distributed import barrier, to_host
+
 MANIFEST_FORMAT = 1
 
 
@@ -97,7 +99,7 @@ def _leaf_print(x: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
     return a, b, finite
 
 
-_prints = jax.jit(lambda leaves: [_leaf_print(x) for x in leaves])
+_print_one = jax.jit(_leaf_print)  # one program per (shape, dtype, sharding): leaves may live on different devices
 
 
 def _paths(tree: Any) -> list[tuple[str, Any]]:
@@ -107,10 +109,10 @@ def _paths(tree: Any) -> list[tuple[str, Any]]:
 
 def fingerprints(tree: Any) -> dict[str, dict]:
     """Per array of `tree`: {path: {shape, dtype, fingerprint (16 hex digits), finite}}, computed on
-    device in one jitted pass (works on sharded and multi-host arrays)."""
+    device, one jitted pass per array (works on sharded and multi-host arrays)."""
     named = _paths(tree)
     leaves = [jnp.asarray(x) for _, x in named]
-    out = jax.device_get(_prints(leaves))
+    out = to_host([_print_one(x) for x in leaves])  # replicated scalars, readable on every process
     return {
         name: {"shape": list(x.shape), "dtype": str(x.dtype), "fingerprint": f"{int(a):08x}{int(b):08x}",
                "finite": bool(f)}
@@ -340,10 +342,7 @@ class Checkpointer:
         dst = f"{src}.corrupt-{n}"
         if jax.process_index() == 0:
             os.rename(src, dst)
-        if jax.process_count() > 1:  # every process sees the rename before listing steps again
-            from jax.experimental import multihost_utils
-
-            multihost_utils.sync_global_devices(f"bmrl-move-aside-{step}")
+        barrier(f"bmrl-move-aside-{step}")  # every process sees the rename before listing steps again
         self.manager.reload()
         return dst
 

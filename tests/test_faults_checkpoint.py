@@ -88,7 +88,7 @@ def test_corrupt_newest_falls_back_to_previous_bitwise(tmp_path, kind, capsys):
     ck.close()
 
 
-def test_fingerprint_sees_one_flipped_bit_anywhere_and_ignores_sharding():
+def test_fingerprint_sees_one_flipped_bit_anywhere():
     s = _state(3)
     base = fingerprints(s)
     w = np.asarray(s["params"]["w"]).copy()
@@ -198,3 +198,33 @@ def test_cli_full_disk_outside_a_checkpoint_exits_3(tmp_path, monkeypatch, capsy
 
 def _eacces():
     raise OSError(errno.EACCES, "Permission denied")
+
+
+@pytest.mark.multidevice
+def test_fingerprints_ignore_sharding_across_a_mesh_change(tmp_path):
+    """Saved from 8 devices (a 4x2 mesh), restored onto 1 and onto another mesh: verifies, same prints."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent(f"""
+        import jax, jax.numpy as jnp, numpy as np
+        from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+        from bmrl.checkpoint import Checkpointer, fingerprints
+        mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ("a", "b"))
+        x = jax.random.normal(jax.random.key(0), (64, 48)).astype(jnp.bfloat16)
+        state = {{"w": jax.device_put(x, NamedSharding(mesh, P("a", "b"))), "n": jnp.int32(3)}}
+        assert fingerprints(state) == fingerprints({{"w": x, "n": jnp.int32(3)}})
+        ck = Checkpointer({str(tmp_path / "ck")!r})
+        ck.save(1, state, {{}}); ck.commit()
+        other = Mesh(np.array(jax.devices()).reshape(2, 4), ("a", "b"))
+        for like in ({{"w": x, "n": jnp.int32(0)}}, {{"w": jax.device_put(x, NamedSharding(other, P(None, "b"))), "n": jnp.int32(0)}}):
+            got, _ = ck.restore(1, like)
+            assert np.asarray(got["w"]).tobytes() == np.asarray(x).tobytes()
+        ck.close()
+        print("PRINTS_OK")
+        """)
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run([sys.executable, "-c", script], env=env, cwd=root, capture_output=True, text=True, timeout=600)
+    assert "PRINTS_OK" in out.stdout, out.stdout[-2000:] + out.stderr[-4000:]
