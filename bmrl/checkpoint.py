@@ -227,8 +227,10 @@ class Checkpointer:
         return step == last_step or (self.every > 0 and step % self.every == 0)
 
     def describe_last_good(self) -> str:
-        """'step N (path)' of the newest good checkpoint, or 'none'."""
-        return "none" if self.last_good is None else f"step {self.last_good} ({self.step_path(self.last_good)})"
+        """'step N (path)' of the newest good checkpoint, or 'none (...)'."""
+        if self.last_good is None:
+            return "none (a rerun starts from step 0)"
+        return f"step {self.last_good} ({self.step_path(self.last_good)})"
 
     # ------------------------------------------------------------------ save
     def save(self, step: int, state: Any, meta: dict, *, force: bool = False) -> bool:
