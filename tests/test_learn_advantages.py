@@ -52,7 +52,7 @@ def test_constant_groups_get_exactly_zero_under_jit(name):
         batches = {g: np.repeat(values, g) for g in sizes}
         run = lambda b: [fn(b[g], g) for g in sizes]
     jitted = jax.jit(run)({g: jnp.asarray(b) for g, b in batches.items()})
-    eager = [fn(jnp.asarray(row), g) for g in (1, 3, 7, 8, 24, 32) if g in batches
+    eager = [fn(jnp.asarray(row), g) for g in (3, 7) if g in batches
              for row in batches[g].reshape(len(values), -1)]
     for out in jax.tree.leaves((jitted, eager)):
         out = np.asarray(out)
