@@ -5,8 +5,9 @@
     bar = Progress(total=steps, initial=start)       # live success rate, tokens/s and ETA
     bar.update(success=0.4, tokens_per_s=1.2e4)
 
-On resume (`start_step` > 0), records after `start_step` (written by the killed run after its last
-checkpoint) are dropped from the JSONL, so the file reads as one uninterrupted run.
+On resume, the records written after the checkpoint resumed from are dropped from the JSONL, so the
+file reads as one uninterrupted run: exactly the first `keep_records` (the count the checkpoint
+stored, `logger.count` at save time), or else those at steps <= `start_step`.
 """
 
 from __future__ import annotations
@@ -28,6 +29,15 @@ def to_scalar(v: Any) -> float | int | bool | None:
     return v
 
 
+def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:
+    """Write `obj` as indented JSON to `path` through a temporary file and a rename, so a reader (or
+    a resume after a kill) sees the old file or the new one, never a cut one."""
+    tmp = f"{os.fspath(path)}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=2)
+    os.replace(tmp, path)
+
+
 def read_jsonl(path: str | os.PathLike) -> list[dict]:
     """Every record of a metrics.jsonl (skipping a torn last line of a killed run)."""
     out = []
@@ -45,13 +55,20 @@ def read_jsonl(path: str | os.PathLike) -> list[dict]:
 class MetricsLogger:
     """Append-only JSONL (`out_dir/metrics.jsonl`) and TensorBoard (`out_dir/tb`) of scalar metrics."""
 
-    def __init__(self, out_dir: str | os.PathLike, start_step: int = 0, tensorboard: bool = True):
+    def __init__(self, out_dir: str | os.PathLike, start_step: int = 0, tensorboard: bool = True,
+                 keep_records: int | None = None):
         os.makedirs(out_dir, exist_ok=True)
         self.path = os.path.join(out_dir, "metrics.jsonl")
-        kept = [r for r in read_jsonl(self.path) if r.get("step", 0) <= start_step] if start_step else []
-        with open(self.path, "w") as f:
+        if keep_records is not None:
+            kept = read_jsonl(self.path)[: max(int(keep_records), 0)]
+        else:
+            kept = [r for r in read_jsonl(self.path) if r.get("step", 0) <= start_step] if start_step else []
+        tmp = self.path + ".tmp"
+        with open(tmp, "w") as f:  # atomically: a kill here leaves the old file, not a cut one
             for r in kept:
                 f.write(json.dumps(r) + "\n")
+        os.replace(tmp, self.path)
+        self.count = len(kept)  # records in the file (a checkpoint stores it: see keep_records)
         self._file = open(self.path, "a", buffering=1)
         self._tb = None
         if tensorboard:
@@ -64,6 +81,7 @@ class MetricsLogger:
         record = {"step": int(step)}
         record.update({k: to_scalar(v) for k, v in metrics.items()})
         self._file.write(json.dumps(record) + "\n")
+        self.count += 1
         if self._tb is not None:
             for k, v in record.items():
                 if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool):
@@ -100,4 +118,4 @@ class Progress:
         self.bar.close()
 
 
-__all__ = ["MetricsLogger", "Progress", "read_jsonl", "to_scalar"]
+__all__ = ["MetricsLogger", "Progress", "read_jsonl", "to_scalar", "write_json_atomic"]

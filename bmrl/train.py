@@ -33,10 +33,10 @@ from flax import nnx
 from bmrl import config as config_lib
 from bmrl import build as policy_lib
 from bmrl.distributed import to_host
-from bmrl.checkpoint import Checkpointer, key_data
+from bmrl.checkpoint import Checkpointer, key_data, probe_writable
 from bmrl.learn import make_optimizer
 from bmrl.learn import step as step_lib
-from bmrl.metrics import MetricsLogger, Progress, to_scalar
+from bmrl.metrics import MetricsLogger, Progress, to_scalar, write_json_atomic
 from bmrl.parallel import make_mesh, shard_batch, shard_params
 from bmrl.rollout import Injection, check_config, make_rollout
 
@@ -143,10 +143,18 @@ def train(cfg, *, progress: bool | None = None, run: policy_lib.Run | None = Non
     """Run RL training for `cfg` (a validated `bmrl.config.Config`); returns the summary dict.
 
     Raises `NonFiniteError` after `cfg.train.max_nonfinite` non-finite updates in a row (the
-    parameters and checkpoints keep the last finite values).
+    parameters and checkpoints keep the last finite values), `CheckpointWriteError` when a save
+    fails (the previous checkpoint is kept), `OutputNotWritable`, `NoGoodCheckpoint` or
+    `CheckpointMismatch` before training. A run that already finished returns its summary untouched.
     """
     wall0 = time.time()
     t, out = cfg.train, cfg.out_dir
+    probe_writable(out)  # OutputNotWritable (exit 2) before anything is written
+    finished = _finished_summary(out, t.steps)
+    if finished is not None:  # resuming a finished run: nothing to do, nothing rewritten
+        print(f"bmrl train: {out} already finished {t.steps} steps; nothing to do (raise train.steps to "
+              "train on).", flush=True)
+        return finished
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "config.yaml"), "w") as f:
         f.write(config_lib.to_yaml(cfg))
@@ -174,12 +182,15 @@ def train(cfg, *, progress: bool | None = None, run: policy_lib.Run | None = Non
     # Resume from the newest complete checkpoint, if any.
     ckpt = Checkpointer(os.path.join(out, "checkpoints"), keep=cfg.checkpoint.keep, every=cfg.checkpoint.every)
     start, data_position = 0, 0
+    eval_log: dict[int, dict[int, tuple[float, float]]] = {}
+    tokens_seen, last, keep_records = 0, {}, None
     restored = ckpt.restore_latest({"params": params, "opt_state": opt_state, "key": key_data(base_key)})
     if restored is not None:
         state, meta = restored
         params, opt_state = state["params"], state["opt_state"]
         base_key = jax.random.wrap_key_data(jnp.asarray(state["key"]))
         start, data_position = int(meta["step"]), int(meta["data_position"])
+        eval_log, tokens_seen, last, keep_records = _run_record_from(meta)
         changed = _check_resume_config(meta.get("config"), cfg)
         if changed:
             print(f"bmrl train: warning: resuming step {start} with a changed config: {', '.join(changed)}")
@@ -198,12 +209,9 @@ def train(cfg, *, progress: bool | None = None, run: policy_lib.Run | None = Non
     inject = Injection.none(rcfg.max_turns)
     compiles = lambda: rollout_fn.trace_count() + update.trace_count() + sample_traces[0]  # noqa: E731
 
-    logger = MetricsLogger(out, start_step=start)
+    logger = MetricsLogger(out, start_step=start, keep_records=keep_records)
     bar = Progress(total=t.steps, initial=start, enable=progress)
-    eval_log: dict[int, dict[int, tuple[float, float]]] = {}
     compile_history: list[int] = []
-    last: dict[str, Any] = {}
-    tokens_seen = 0
 
     def run_eval(step: int) -> None:
         res = evaluate(params, jax.random.fold_in(jax.random.fold_in(base_key, EVAL_STREAM), step))
@@ -242,15 +250,18 @@ def train(cfg, *, progress: bool | None = None, run: policy_lib.Run | None = Non
                     f"stopping at step {step + 1}: {int(m['consecutive_skips'])} non-finite updates in a row "
                     f"(train.max_nonfinite={t.max_nonfinite}); each was skipped, so the parameters are those of "
                     f"the last finite update and no checkpoint holds nan/inf. Lower train.optim.lr, check "
-                    f"train.optim.max_grad_norm, or use model.param_dtype=float32."
+                    f"train.optim.max_grad_norm, or use model.param_dtype=float32. Last good checkpoint: "
+                    f"{ckpt.describe_last_good()}."
                 )
             done = step + 1
             if every and done % every == 0 and done != t.steps:
                 run_eval(done)
             if ckpt.due(done, t.steps):
                 ckpt.save(done, {"params": params, "opt_state": opt_state, "key": key_data(base_key)},
-                          {"data_position": data_position, "config": config_lib.to_dict(cfg)})
-        if t.steps > start or not eval_log:
+                          {"data_position": data_position, "config": config_lib.to_dict(cfg),
+                           "run": _run_record(eval_log, tokens_seen, last, logger.count)})
+                ckpt.commit()  # a failed write stops the run here (CheckpointWriteError), not a save later
+        if t.steps not in eval_log:
             run_eval(t.steps)
     finally:
         bar.close()
@@ -278,9 +289,37 @@ def train(cfg, *, progress: bool | None = None, run: policy_lib.Run | None = Non
         "eval_history": {str(s): {str(T): p for T, (p, _) in r.items()} for s, r in sorted(eval_log.items())},
         "policy": policy_dir,
     }
-    with open(os.path.join(out, "summary.json"), "w") as f:
-        json.dump(summary, f, indent=2)
+    write_json_atomic(os.path.join(out, "summary.json"), summary)
     return summary
+
+
+def _run_record(eval_log: dict, tokens_seen: int, last: dict, records: int) -> dict:
+    """What a resumed run needs to write the same summary and metrics as an uninterrupted one."""
+    return {"tokens_seen": int(tokens_seen), "metrics_records": int(records),
+            "last": {k: to_scalar(v) for k, v in last.items()},
+            "eval_log": {str(s): {str(T): [p, se] for T, (p, se) in r.items()} for s, r in eval_log.items()}}
+
+
+def _run_record_from(meta: dict) -> tuple[dict, int, dict, int | None]:
+    """(eval_log, tokens_seen, last, metrics_records) stored by `_run_record` (empty for old checkpoints)."""
+    run = meta.get("run") or {}
+    evals = {int(s): {int(T): (float(p), float(se)) for T, (p, se) in r.items()}
+             for s, r in run.get("eval_log", {}).items()}
+    return evals, int(run.get("tokens_seen", 0)), dict(run.get("last", {})), run.get("metrics_records")
+
+
+def _finished_summary(out: str, steps: int) -> dict | None:
+    """The summary of a run in `out` that already finished `steps` steps (summary.json and the final
+    checkpoint present), else None."""
+    path = os.path.join(out, "summary.json")
+    if not (os.path.isfile(path) and os.path.isdir(os.path.join(out, "checkpoints", str(steps)))):
+        return None
+    try:
+        with open(path) as f:
+            summary = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return summary if isinstance(summary, dict) and summary.get("steps") == steps else None
 
 
 __all__ = ["NonFiniteError", "init_policy", "make_evaluator", "tasks_at", "train"]

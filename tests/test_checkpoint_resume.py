@@ -1,6 +1,7 @@
 """Checkpoints: orbax round trip, keep-last-N, no nan, interrupted saves ignored, and the
-kill-and-resume guarantee: a `bmrl train` subprocess SIGKILLed after a checkpoint and resumed ends
-with bitwise-identical parameters to an uninterrupted run."""
+kill-and-resume guarantee: a `bmrl train` subprocess SIGKILLed while it writes a checkpoint and
+resumed ends with bitwise-identical parameters, and the same summary (tokens, evaluations from step
+0), as an uninterrupted run."""
 
 import os
 import signal
@@ -61,7 +62,7 @@ CFG = dict(
     model={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1},
     train={"steps": 6, "tasks_per_step": 2, "group_size": 2, "epochs": 2, "minibatches": 2,
            "kl_coef": 0.05, "optim": {"lr": 3e-3, "warmup_steps": 2}},
-    eval={"ts": [3, 4], "ks": [1], "attempts": 1, "num_tasks": 2, "every": 0},  # the train batch's shape
+    eval={"ts": [3, 4], "ks": [1], "attempts": 1, "num_tasks": 2, "every": 3},  # the train batch's shape
     data={"train_size": 5, "test_size": 4},  # 5 train tasks: the data stream wraps mid-run
     checkpoint={"every": 2, "keep": 2},
 )
@@ -89,10 +90,13 @@ def test_sigkill_and_resume_is_bitwise_identical(tmp_path):
     ref = _launch(cfg_path, ref_dir)
     ckdir = run_dir / "checkpoints"
     deadline = time.time() + 600  # generous: the machine may be shared
-    found = False
+    found = during_save = False
     while not found and time.time() < deadline and victim.poll() is None:
-        found = ckdir.is_dir() and any(p.name.isdigit() for p in ckdir.iterdir())
-        time.sleep(0.02)
+        names = os.listdir(ckdir) if ckdir.is_dir() else []
+        done = [int(n) for n in names if n.isdigit()]
+        during_save = bool(done) and any("tmp" in n for n in names)  # writing the 2nd+ step: kill mid-save
+        found = during_save or any(d >= 4 for d in done)
+        time.sleep(0.002)
     assert found and victim.poll() is None, "no checkpoint before the end:\n" + (victim.stdout.read() if victim.poll() is not None else "")
     os.kill(victim.pid, signal.SIGKILL)
     victim.wait()
@@ -100,6 +104,7 @@ def test_sigkill_and_resume_is_bitwise_identical(tmp_path):
     assert not (run_dir / "summary.json").exists()
     killed_at = sorted(int(p.name) for p in ckdir.iterdir() if p.name.isdigit())
     assert killed_at and max(killed_at) < CFG["train"]["steps"]
+    print(f"killed {'during a save' if during_save else 'after a save'}; complete checkpoints: {killed_at}")
 
     resumed = _launch(cfg_path, run_dir)
     out_resumed, _ = resumed.communicate(timeout=300)
@@ -118,3 +123,8 @@ def test_sigkill_and_resume_is_bitwise_identical(tmp_path):
     steps = [json.loads(line)["step"] for line in open(run_dir / "metrics.jsonl")]
     train_steps = [s for s, line in zip(steps, open(run_dir / "metrics.jsonl")) if "train/loss" in line]
     assert train_steps == list(range(1, CFG["train"]["steps"] + 1))
+    # The summary counts every step's tokens and keeps every evaluation, from step 0.
+    ref_sum, run_sum = (json.load(open(d / "summary.json")) for d in (ref_dir, run_dir))
+    for key in ("tokens_seen", "eval_history", "eval_initial", "eval"):
+        assert run_sum[key] == ref_sum[key], key
+    assert list(run_sum["eval_history"]) == ["0", "3", "6"]

@@ -281,7 +281,7 @@ def test_compile_count_constant_whatever_budgets(tmp_path):
 
 def test_nonfinite_run_stops_with_message_and_clean_checkpoints(tmp_path, monkeypatch, capsys):
     """From step 3 on every update sees nan log-probs: skipped, counted, and after
-    train.max_nonfinite in a row the CLI stops with status 1; checkpoints hold the finite params."""
+    train.max_nonfinite in a row the CLI stops with status 3; checkpoints hold the finite params."""
     from bmrl.checkpoint import Checkpointer
     from bmrl.cli import main
 
@@ -307,8 +307,9 @@ def test_nonfinite_run_stops_with_message_and_clean_checkpoints(tmp_path, monkey
     cfg_path.write_text(config_lib.to_yaml(cfg))
     status = main(["train", "--config", str(cfg_path), "--no-progress"])
     err = capsys.readouterr().err
-    assert status == 1
+    assert status == 3
     assert "3 non-finite updates in a row" in err and "train.max_nonfinite=3" in err
+    assert "Last good checkpoint: step 4" in err
     records = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")]
     skipped = [r["train/skipped_total"] for r in records if "train/skipped_total" in r]
     assert skipped == [0, 0, 1, 2, 3]

@@ -1,14 +1,16 @@
 """`bmrl train --config FILE key=value ...` (--config required): RL training (rollout + policy-gradient update) with
 BudgetMix caps, evaluation at several T, metrics, checkpoints and automatic resume.
 
-Exit status 0 on success, 2 on a config error (checked, with the buffer, model directory and mesh, before
-anything is written), 1 when training stops on too many
-non-finite updates in a row.
+Exit status 0 on success (also for a run that already finished: nothing is rewritten); 2 on bad input
+(a config error, an unwritable out_dir, checkpoints that are all corrupt or hold another model); 3
+when a guard stops the run (too many non-finite updates in a row, a checkpoint write that failed, e.g.
+a full disk): the last good checkpoint is kept and the same command resumes from it; 1 is a bug.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import sys
 
@@ -27,13 +29,29 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     cfg, built = load_run(args, "train")
+    from bmrl.checkpoint import (
+        CheckpointMismatch,
+        CheckpointNonFinite,
+        CheckpointWriteError,
+        NoGoodCheckpoint,
+        OutputNotWritable,
+    )
     from bmrl.train import NonFiniteError, train
 
     try:
         summary = train(cfg, progress=False if args.no_progress else None, run=built)
-    except NonFiniteError as err:
-        print(f"bmrl train: {err}", file=sys.stderr)
-        return 1
+    except (NonFiniteError, CheckpointNonFinite, CheckpointWriteError) as err:
+        print(f"bmrl train: stopped: {err}", file=sys.stderr)
+        return 3
+    except (OutputNotWritable, NoGoodCheckpoint, CheckpointMismatch) as err:
+        print(f"bmrl train: {err.strerror if isinstance(err, OSError) else err}", file=sys.stderr)
+        return 2
+    except OSError as err:  # a full disk while writing metrics, the policy or the summary
+        if err.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        print(f"bmrl train: stopped: no space left on device writing {err.filename or cfg.out_dir}; the last "
+              "checkpoint is kept. Free space and rerun the same command to resume.", file=sys.stderr)
+        return 3
     brief = {k: summary[k] for k in ("steps", "wall_s", "compiles", "skipped_updates", "eval", "policy")}
     print(json.dumps(brief))
     return 0

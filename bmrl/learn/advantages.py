@@ -43,6 +43,18 @@ def _grouped(rewards: Array, group_size: int) -> Array:
     return rewards.astype(jnp.float32).reshape(-1, group_size)
 
 
+def _centred(r: Array) -> Array:
+    """r: [groups, G] minus each group's mean, exactly 0 for a group of identical rewards.
+
+    The mean is taken of the offsets from the group's first member (`r - r[:, :1]`), which are
+    exactly 0 in a constant group; `mean(r)` itself is not exact in float32 under jit (XLA
+    multiplies the sum by a rounded 1/G, e.g. 3 * (1/3) = 1.0000001), and GRPO divides that
+    rounding error by a near-zero std. Offsets also lose less precision when rewards are large.
+    """
+    d = r - r[:, :1]
+    return d - d.mean(axis=1, keepdims=True)
+
+
 def grpo_advantages(
     rewards: Array, group_size: int, *, normalize_std: bool = True, eps: float = 1e-6
 ) -> Array:
@@ -50,12 +62,13 @@ def grpo_advantages(
 
     rewards: [B] -> [B]. `normalize_std=False` keeps only the mean baseline (as in Dr. GRPO),
     which does not up-weight groups whose rewards barely differ. A group with identical rewards
-    gets advantage 0.
+    gets advantage exactly 0 (for every group size, under jit too).
     """
     r = _grouped(rewards, group_size)
-    centred = r - r.mean(axis=1, keepdims=True)
+    centred = _centred(r)
     if normalize_std:
-        centred = centred / (r.std(axis=1, keepdims=True) + eps)
+        std = jnp.sqrt(jnp.mean(jnp.square(centred), axis=1, keepdims=True))
+        centred = centred / (std + eps)
     return centred.reshape(-1)
 
 
@@ -70,14 +83,15 @@ def rloo_advantages(rewards: Array, group_size: int) -> Array:
             f"rloo needs group_size >= 2 (a leave-one-out baseline), got {group_size}."
         )
     r = _grouped(rewards, group_size)
-    others = (r.sum(axis=1, keepdims=True) - r) / (group_size - 1)
-    return (r - others).reshape(-1)
+    d = r - r[:, :1]  # offsets from the first member: exact zeros in a constant group (see _centred)
+    others = (d.sum(axis=1, keepdims=True) - d) / (group_size - 1)
+    return (d - others).reshape(-1)
 
 
 def reinforce_advantages(rewards: Array, group_size: int = 1) -> Array:
     """REINFORCE with a batch-mean baseline: r - mean(r over the batch). rewards: [B] -> [B]."""
-    r = _grouped(rewards, group_size).reshape(-1)
-    return r - r.mean()
+    r = _grouped(rewards, group_size).reshape(1, -1)
+    return _centred(r).reshape(-1)
 
 
 ADVANTAGES: dict[str, AdvantageFn] = {

@@ -29,7 +29,7 @@ from flax import nnx
 from bmrl.learn.advantages import combine_advantages, get_advantage, process_advantages, token_advantages
 from bmrl.learn.logprobs import chunked_token_logprobs, token_logprobs_and_entropy
 from bmrl.learn.losses import get_loss
-from bmrl.learn.optim import SkipNonFiniteState, skip_counts
+from bmrl.learn.optim import SkipNonFiniteState, all_finite, skip_counts
 from bmrl.rollout import Trajectory
 
 # Above this vocabulary size the log-probs are computed from hidden states a chunk of positions at
@@ -121,9 +121,10 @@ def make_update(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformationE
             p, s = carry
             data = jax.tree.map(lambda x: x[idx], rows)
             (loss, m), grads = jax.value_and_grad(loss_of, has_aux=True)(p, data)
-            updates, s = optimizer.update(grads, s, p, loss=loss)
-            p = optax.apply_updates(p, updates)
-            m = dict(m, grad_norm=optax.tree.norm(grads), skipped=skip_counts(s)["consecutive_skips"] > 0,
+            grad_norm = optax.tree.norm(grads)
+            updates, s_new = optimizer.update(grads, s, p, loss=loss)
+            p, s = keep_finite(p, s, optax.apply_updates(p, updates), s_new, loss, grad_norm)
+            m = dict(m, grad_norm=grad_norm, skipped=skip_counts(s)["consecutive_skips"] > 0,
                      touched=jnp.zeros((batch,), jnp.int32).at[idx].add(1))
             return (p, s), m
 
@@ -160,6 +161,21 @@ def make_update(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformationE
     return run
 
 
+def keep_finite(params: Any, state: Any, new_params: Any, new_state: Any, loss: jax.Array,
+                grad_norm: jax.Array) -> tuple[Any, Any]:
+    """(new_params, new_state) when the loss, the gradients' global norm and every new parameter and
+    optimizer-state value are finite; else (params, state) with the skip counted in `state` (a
+    `SkipNonFiniteState`). `skip_nonfinite` sees only the gradients; this also catches an update
+    that overflows after them (a huge learning rate, Adam's squared gradients), in one fused check."""
+    if not isinstance(state, SkipNonFiniteState):
+        raise ValueError("the optimizer state must be a SkipNonFiniteState: build the optimizer with "
+                         "make_optimizer() or wrap it in skip_nonfinite().")
+    ok = jnp.isfinite(loss) & jnp.isfinite(grad_norm) & all_finite((new_params, new_state))
+    skipped = state._replace(consecutive_skips=state.consecutive_skips + 1, total_skips=state.total_skips + 1,
+                             last_finite=jnp.asarray(False))
+    return jax.lax.cond(ok, lambda: (new_params, new_state), lambda: (params, skipped))
+
+
 def init_opt_state(optimizer: optax.GradientTransformation, params: Any) -> Any:
     """`optimizer.init(params)` with every leaf in its own buffer, so the state can be donated
     (optax states may share one zeros array between counters, which donation refuses)."""
@@ -177,6 +193,7 @@ __all__ = [
     "compute_advantages",
     "consecutive_skips",
     "init_opt_state",
+    "keep_finite",
     "make_update",
     "policy_token_logprobs",
     "sequence_mask",
