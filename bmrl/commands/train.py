@@ -26,6 +26,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     cfg = load_config(args, "train")
+    from bmrl.config import ConfigError
     from bmrl.train import NonFiniteError, train
 
     try:
@@ -33,6 +34,9 @@ def run(args: argparse.Namespace) -> int:
     except NonFiniteError as err:
         print(f"bmrl train: {err}", file=sys.stderr)
         return 1
+    except ConfigError as err:  # found while building the run (e.g. the memory plan): nothing trained
+        print(f"bmrl train: config error: {err}", file=sys.stderr)
+        return 2
     brief = {k: summary[k] for k in ("steps", "wall_s", "compiles", "skipped_updates", "eval", "policy")}
     print(json.dumps(brief))
     return 0
