@@ -72,7 +72,7 @@ def run_one(out_dir: str, mesh: dict, steps: int) -> dict:
     finally:
         jax.monitoring.unregister_event_duration_listener(listen)
     records = [json.loads(line) for line in open(os.path.join(out_dir, "metrics.jsonl"))]
-    steps_rec = [r for r in records if "train/loss" in r]
+    steps_rec = [r for r in records if "train/loss" in r and r["step"] > summary["resumed_from"]]  # this run's
     return {
         "steps": [r["step"] for r in steps_rec],
         "loss": [r["train/loss"] for r in steps_rec],
