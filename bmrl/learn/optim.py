@@ -170,17 +170,15 @@ _all_finite_program = None
 def all_finite(tree: Any) -> Array:
     """True when every leaf of `tree` is entirely finite (a bool scalar; True for no leaves).
 
-    On concrete (sharded) arrays it runs as one compiled program, "all_finite": one reduction across
+    On concrete (sharded) arrays it runs as one compiled program: one reduction across
     devices instead of one small collective program per leaf (which, on 8 simulated CPU devices,
     could time out in XLA's rendezvous at a checkpoint)."""
     global _all_finite_program
     leaves = jax.tree.leaves(tree)
     if not leaves or any(isinstance(x, jax.core.Tracer) for x in leaves):
         return _all_finite(tree)
-    if _all_finite_program is None:
-        from bmrl.compiles import counted_jit
-
-        _all_finite_program = counted_jit(_all_finite, name="all_finite")
+    if _all_finite_program is None:  # a checkpoint utility, not one of a run's counted programs
+        _all_finite_program = jax.jit(_all_finite)
     return _all_finite_program(tree)
 
 
