@@ -29,7 +29,7 @@ V, B, L = 24, 8, 12  # fake_traj's shapes
 
 
 def model_cfg(**kw):
-    base = dict(vocab_size=V, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
+    base = dict(vocab_size=V, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
                 num_key_value_heads=1)
     return ModelConfig(**{**base, **kw})
 
