@@ -2,7 +2,13 @@
 
 The same code runs on 1 CPU, 8 simulated CPU devices, a GPU or a TPU slice: parameters are placed
 with `NamedSharding`s chosen by regex over their path (`layers/0/self_attn/q_proj/kernel`), the batch
-is split along (data, fsdp), and jit propagates those shardings through the rollout and the update.
+is split along (data, fsdp), the KV cache along (data, fsdp) x kv heads over tensor.
+
+Every parameter must match a rule (there is no catch-all): a new kind of parameter fails loudly in
+`param_shardings` instead of falling through to an unintended layout. The optimizer state follows
+the parameters by path (`mu/layers/0/.../kernel` matches the kernel's rule), scalars are replicated.
+Jitted programs pin these layouts on their boundaries (`in_shardings`/`out_shardings`, or
+`constrain_*` inside), so state keeps its layout across steps and nothing recompiles.
 """
 
 from __future__ import annotations
@@ -22,14 +28,20 @@ AXES = ("data", "fsdp", "tensor")
 BATCH_AXES = ("data", "fsdp")
 
 # (path regex, spec) pairs; the first match wins. Kernels are [in, out] (flax Linear layout).
+# No catch-all: a parameter no rule names is an error (see `param_shardings`).
 DEFAULT_RULES: tuple[tuple[str, P], ...] = (
-    (r"embed_tokens/embedding$", P("tensor", "fsdp")),
+    (r"embed_tokens/embedding$", P("tensor", "fsdp")),  # [vocab, hidden]; also the tied lm head
     (r"(q_proj|k_proj|v_proj|gate_proj|up_proj)/kernel$", P("fsdp", "tensor")),
     (r"(o_proj|down_proj)/kernel$", P("tensor", "fsdp")),
-    (r"(q_proj|k_proj|v_proj)/bias$", P("tensor")),
-    (r"lm_head/kernel$", P("fsdp", "tensor")),
-    (r".*", P()),
+    (r"(q_proj|k_proj|v_proj)/bias$", P("tensor")),  # follows the kernel's output axis
+    (r"(o_proj|down_proj|gate_proj|up_proj)/bias$", P()),  # [hidden]-sized: replicated
+    (r"lm_head/kernel$", P("fsdp", "tensor")),  # untied head [hidden, vocab]
+    (r"(^|/)(input_layernorm|post_attention_layernorm|norm)/weight$", P()),  # RMSNorm scales: replicated
 )
+
+
+class ShardingRuleError(ValueError):
+    """A parameter that no partition rule names (it would silently get some default layout)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,6 +74,11 @@ def make_mesh(cfg: MeshConfig = MeshConfig(), devices: Sequence[jax.Device] | No
     return Mesh(np.asarray(devices).reshape(sizes), AXES)
 
 
+def _shape(leaf: Any) -> tuple[int, ...]:
+    """The shape of an array or a `jax.ShapeDtypeStruct` (abstract state, e.g. from `nnx.eval_shape`)."""
+    return tuple(leaf.shape) if hasattr(leaf, "shape") else np.shape(leaf)
+
+
 def _path_str(path: tuple[Any, ...]) -> str:
     """'layers/0/self_attn/q_proj/kernel' from a pytree path (nnx State leaves end in `.value`)."""
     parts = [str(getattr(p, "key", getattr(p, "idx", getattr(p, "name", p)))) for p in path]
@@ -70,34 +87,85 @@ def _path_str(path: tuple[Any, ...]) -> str:
     return "/".join(parts)
 
 
-def spec_for(path: str, shape: tuple[int, ...], mesh: Mesh, rules=DEFAULT_RULES) -> P:
-    """The PartitionSpec of the first matching rule, dropping axes that do not divide the dim."""
+def matching_rule(path: str, rules=DEFAULT_RULES) -> tuple[str, P] | None:
+    """The first `(pattern, spec)` of `rules` whose pattern is found in `path`, or None."""
     for pattern, spec in rules:
         if re.search(pattern, path):
-            break
-    else:
-        return P()
+            return pattern, spec
+    return None
+
+
+def fit_spec(spec: P, shape: tuple[int, ...], mesh: Mesh) -> P:
+    """`spec` for an array of `shape`: axes that do not divide their dim dropped, trailing Nones
+    dropped (so an unsharded array is always `P()`, one canonical layout)."""
     if len(spec) > len(shape):
         return P()
     fixed = []
     for dim, axis in zip(shape, tuple(spec) + (None,) * (len(shape) - len(spec))):
         size = 1 if axis is None else math.prod(mesh.shape[a] for a in ((axis,) if isinstance(axis, str) else axis))
         fixed.append(axis if axis is not None and dim % size == 0 else None)
+    while fixed and fixed[-1] is None:
+        fixed.pop()
     return P(*fixed)
 
 
+def spec_for(path: str, shape: tuple[int, ...], mesh: Mesh, rules=DEFAULT_RULES) -> P:
+    """The PartitionSpec of the first matching rule, dropping axes that do not divide the dim.
+
+    Raises `ShardingRuleError` when no rule matches (add one to the rules)."""
+    found = matching_rule(path, rules)
+    if found is None:
+        raise ShardingRuleError(
+            f"no partition rule matches parameter {path!r} (shape {tuple(shape)}); add a (regex, PartitionSpec) "
+            "pair for it to bmrl.parallel.DEFAULT_RULES (P() to replicate it)."
+        )
+    return fit_spec(found[1], shape, mesh)
+
+
 def param_shardings(state: Any, mesh: Mesh, rules=DEFAULT_RULES) -> Any:
-    """A pytree of NamedShardings matching `state` (e.g. the state half of `nnx.split`)."""
+    """A pytree of NamedShardings matching `state` (e.g. the state half of `nnx.split`).
+
+    Every leaf must match a rule; all unmatched paths are named in one `ShardingRuleError`."""
+    missing = []
 
     def one(path, leaf):
-        return NamedSharding(mesh, spec_for(_path_str(path), np.shape(leaf), mesh, rules))
+        name = _path_str(path)
+        if matching_rule(name, rules) is None:
+            missing.append(name)
+            return None
+        return NamedSharding(mesh, spec_for(name, _shape(leaf), mesh, rules))
 
-    return jax.tree_util.tree_map_with_path(one, state)
+    out = jax.tree_util.tree_map_with_path(one, state)
+    if missing:
+        raise ShardingRuleError(
+            f"no partition rule matches {len(missing)} parameter(s): {', '.join(missing[:8])}"
+            f"{' ...' if len(missing) > 8 else ''}; add (regex, PartitionSpec) pairs for them to "
+            "bmrl.parallel.DEFAULT_RULES (P() to replicate)."
+        )
+    return out
+
+
+def state_shardings(tree: Any, mesh: Mesh, rules=DEFAULT_RULES) -> Any:
+    """NamedShardings for a training-state pytree (optimizer state, a float32 master copy): leaves
+    whose path ends in a parameter's path take that parameter's layout, scalars are replicated."""
+    rep = NamedSharding(mesh, P())
+
+    def one(path, leaf):
+        if len(_shape(leaf)) == 0:
+            return rep
+        return NamedSharding(mesh, spec_for(_path_str(path), _shape(leaf), mesh, rules))
+
+    return jax.tree_util.tree_map_with_path(one, tree)
 
 
 def shard_params(state: Any, mesh: Mesh, rules=DEFAULT_RULES) -> Any:
     """Place parameters on `mesh` by the partition rules."""
     return jax.device_put(state, param_shardings(state, mesh, rules))
+
+
+def shard_state(tree: Any, mesh: Mesh, rules=DEFAULT_RULES) -> Any:
+    """Place a training-state pytree (optimizer state) on `mesh` by `state_shardings`."""
+    return jax.device_put(tree, state_shardings(tree, mesh, rules))
 
 
 def shard_model(model: nnx.Module, mesh: Mesh, rules=DEFAULT_RULES) -> nnx.Module:
@@ -114,3 +182,30 @@ def batch_sharding(mesh: Mesh, ndim: int = 1) -> NamedSharding:
 def shard_batch(tree: Any, mesh: Mesh) -> Any:
     """Place every leaf of `tree` with its leading axis split over (data, fsdp)."""
     return jax.tree.map(lambda x: jax.device_put(x, batch_sharding(mesh, np.ndim(x))), tree)
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+    """Every device holds the whole array (scalars, keys, metrics)."""
+    return NamedSharding(mesh, P())
+
+
+def constrain_batch(tree: Any, mesh: Mesh) -> Any:
+    """Inside jit: pin every leaf's leading (batch) axis to (data, fsdp), the rest replicated."""
+    return jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, batch_sharding(mesh, np.ndim(x))), tree)
+
+
+def cache_sharding(mesh: Mesh, kv_heads: int) -> NamedSharding:
+    """The KV cache layout, per layer keys/values [batch, max_len, kv_heads, head_dim]: batch over
+    (data, fsdp), kv heads over tensor (when it divides them; else replicated along tensor)."""
+    heads = "tensor" if kv_heads % mesh.shape["tensor"] == 0 and mesh.shape["tensor"] > 1 else None
+    return NamedSharding(mesh, P(BATCH_AXES, None, heads) if heads else P(BATCH_AXES))
+
+
+def constrain_cache(cache: Any, mesh: Mesh) -> Any:
+    """Inside jit: pin a KV cache (per layer (keys, values), each [batch, max_len, kv_heads, head_dim])
+    to `cache_sharding`, so the decode loop carries one layout from prefill to the last token."""
+
+    def one(x):
+        return jax.lax.with_sharding_constraint(x, cache_sharding(mesh, x.shape[2]))
+
+    return jax.tree.map(one, cache)

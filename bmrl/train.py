@@ -30,14 +30,16 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from bmrl import compiles as compiles_lib
 from bmrl import config as config_lib
 from bmrl import build as policy_lib
+from bmrl import memory as memory_lib
 from bmrl.distributed import to_host
 from bmrl.checkpoint import Checkpointer, key_data, probe_writable
 from bmrl.learn import make_optimizer
 from bmrl.learn import step as step_lib
 from bmrl.metrics import MetricsLogger, Progress, to_scalar, write_json_atomic
-from bmrl.parallel import make_mesh, shard_batch, shard_params
+from bmrl.parallel import make_mesh, param_shardings, shard_batch, state_shardings
 from bmrl.rollout import Injection, check_config, make_rollout
 
 EVAL_STREAM = 0x3E7A1  # fold_in constant separating evaluation keys from training keys
@@ -113,15 +115,6 @@ def _rollout_stats(traj) -> dict:
     )
 
 
-def _replicate_rest(tree: Any, mesh) -> Any:
-    """Leaves not yet placed on `mesh` (optimizer counters) replicated on it, so the update sees the
-    same input shardings before and after its first call (no second compile)."""
-    from jax.sharding import NamedSharding, PartitionSpec
-
-    rep = NamedSharding(mesh, PartitionSpec())
-    return jax.tree.map(lambda x: x if isinstance(x.sharding, NamedSharding) else jax.device_put(x, rep), tree)
-
-
 def _check_resume_config(saved: dict | None, cfg) -> list[str]:
     """Keys whose values differ between the checkpoint's config and this run's (out_dir ignored)."""
     if not saved:
@@ -168,14 +161,22 @@ def train(cfg, *, progress: bool | None = None, run: policy_lib.Run | None = Non
     batch = t.tasks_per_step * t.group_size
 
     graphdef, params = nnx.split(policy)
-    params = shard_params(params, mesh)
     o = t.optim
     updates_per_step = t.epochs * t.minibatches
     optimizer = make_optimizer(
         o.lr, o.warmup_steps, max(t.steps * updates_per_step, o.warmup_steps + 1), o.weight_decay, o.b1, o.b2,
-        o.eps, o.max_grad_norm, o.schedule, o.min_lr_ratio,
+        o.eps, o.max_grad_norm, o.schedule, o.min_lr_ratio, master_f32=t.f32_master,
     )
-    opt_state = _replicate_rest(step_lib.init_opt_state(optimizer, params), mesh)
+    plan = memory_lib.plan_for_config(cfg, policy.config, mesh, optimizer)
+    if jax.process_index() == 0:
+        print(plan.table(), flush=True)
+    plan.check()  # MemoryPlanError (a ConfigError, exit 2) before anything big is allocated
+    # Pinned layouts: params by the partition rules, optimizer state following them (bmrl.parallel).
+    param_sh = param_shardings(params, mesh)
+    params = jax.device_put(params, param_sh)
+    opt_state = step_lib.init_opt_state(optimizer, params)
+    opt_sh = state_shardings(opt_state, mesh)
+    opt_state = jax.device_put(opt_state, opt_sh)
     ref_params = jax.tree.map(jnp.copy, params) if t.kl_coef > 0 else None
     base_key = jax.random.key(cfg.seed)
 
@@ -187,7 +188,7 @@ def train(cfg, *, progress: bool | None = None, run: policy_lib.Run | None = Non
     restored = ckpt.restore_latest({"params": params, "opt_state": opt_state, "key": key_data(base_key)})
     if restored is not None:
         state, meta = restored
-        params, opt_state = state["params"], state["opt_state"]
+        params, opt_state = jax.device_put((state["params"], state["opt_state"]), (param_sh, opt_sh))  # this mesh
         base_key = jax.random.wrap_key_data(jnp.asarray(state["key"]))
         start, data_position = int(meta["step"]), int(meta["data_position"])
         eval_log, tokens_seen, last, keep_records = _run_record_from(meta)
@@ -197,17 +198,23 @@ def train(cfg, *, progress: bool | None = None, run: policy_lib.Run | None = Non
         print(f"bmrl train: resumed from {ckpt.directory} at step {start}", flush=True)
 
     rollout_fn = make_rollout(graphdef, env, fmt, rcfg)
-    update = step_lib.make_update(graphdef, optimizer, t, rcfg.sampling.temperature)
-    sample_traces = [0]
-
-    @jax.jit
-    def sample_caps(key):
-        sample_traces[0] += 1
-        return budget.sample(key, batch, t.group_size, cfg.budget.share_in_group)
+    update = step_lib.make_update(graphdef, optimizer, t, rcfg.sampling.temperature, shardings=(param_sh, opt_sh))
+    sample_caps = compiles_lib.counted_jit(
+        lambda key: budget.sample(key, batch, t.group_size, cfg.budget.share_in_group), name="budget_sample")
 
     evaluate = make_evaluator(graphdef, env, fmt, cfg, test_seeds, mesh)
     inject = Injection.none(rcfg.max_turns)
-    compiles = lambda: rollout_fn.trace_count() + update.trace_count() + sample_traces[0]  # noqa: E731
+    counted_before = compiles_lib.counts()
+
+    def compile_counts() -> dict[str, int]:
+        """Compiles of this run per program (bmrl.compiles), since the run started."""
+        now = compiles_lib.counts()
+        out = {k: v - counted_before.get(k, 0) for k, v in now.items() if v - counted_before.get(k, 0)}
+        if "rollout" not in now:  # until the rollout is a program of bmrl.compiles
+            out["rollout"] = rollout_fn.trace_count() + evaluate.trace_count()
+        return out
+
+    compiles = lambda: sum(compile_counts().values())  # noqa: E731
 
     logger = MetricsLogger(out, start_step=start, keep_records=keep_records)
     bar = Progress(total=t.steps, initial=start, enable=progress)
@@ -242,6 +249,7 @@ def train(cfg, *, progress: bool | None = None, run: policy_lib.Run | None = Non
             last = {f"train/{k}": v for k, v in m.items()} | {f"rollout/{k}": v for k, v in stats.items()}
             last |= {"perf/step_s": dt, "perf/tokens_per_s": float(stats["tokens"]) / dt,
                      "perf/compiles": compiles(), "data_position": data_position}
+            last |= {f"compiles/{k}": v for k, v in compile_counts().items()}
             logger.write(step + 1, last)
             bar.update(success=float(stats["success"]), tok_s=float(stats["tokens"]) / dt,
                        loss=float(m["loss"]))
@@ -278,7 +286,7 @@ def train(cfg, *, progress: bool | None = None, run: policy_lib.Run | None = Non
         "steps": t.steps,
         "resumed_from": start,
         "wall_s": time.time() - wall0,
-        "compiles": compiles(),
+        "compiles": compile_counts(),
         "eval_compiles": evaluate.trace_count(),
         "compile_history": compile_history,
         "skipped_updates": int(last.get("train/skipped_total", 0)) if last else 0,

@@ -152,3 +152,23 @@ def test_real_model_config_refuses_a_missing_model_path(name):
     with pytest.raises(ConfigError) as err:
         load(os.path.join(ROOT, "configs", name))
     assert err.value.key == "model.path"
+
+
+def test_readme_checklist_names_every_script_and_what_is_unverified():
+    text = open(os.path.join(ROOT, "tpu", "README.md")).read()
+    table = text.split("## Checklist: what has run on real hardware", 1)[1]
+    rows = [ln for ln in table.splitlines() if ln.startswith("| ") and not ln.startswith("| check")]
+    assert len(rows) >= 8 and all(ln.count("|") == 4 for ln in rows)
+    for name in SCRIPTS:
+        assert f"`{name}" in table, name
+    assert "bench/device.sh" in table and "tests/test_mesh_train.py" in table
+
+
+@needs_bash
+def test_device_script_parses_and_prints_usage(env):
+    path = os.path.join(ROOT, "bench", "device.sh")
+    subprocess.run([BASH, "-n", path], check=True, timeout=10)
+    res = subprocess.run([BASH, path, "--help"], capture_output=True, text=True, env=env, timeout=20)
+    assert res.returncode == 0 and "bench/device.py" in res.stdout and "jax[cuda13]" in res.stdout
+    res = subprocess.run([BASH, path, "--bogus"], capture_output=True, text=True, env=env, timeout=20)
+    assert res.returncode == 2 and "unknown argument: --bogus" in res.stderr

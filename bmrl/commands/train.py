@@ -36,6 +36,7 @@ def run(args: argparse.Namespace) -> int:
         NoGoodCheckpoint,
         OutputNotWritable,
     )
+    from bmrl.config import ConfigError
     from bmrl.train import NonFiniteError, train
 
     try:
@@ -45,6 +46,9 @@ def run(args: argparse.Namespace) -> int:
         return 3
     except (OutputNotWritable, NoGoodCheckpoint, CheckpointMismatch) as err:
         print(f"bmrl train: {err.strerror if isinstance(err, OSError) else err}", file=sys.stderr)
+        return 2
+    except ConfigError as err:  # found while building the run (e.g. the memory plan): nothing trained
+        print(f"bmrl train: config error: {err}", file=sys.stderr)
         return 2
     except OSError as err:  # a full disk while writing metrics, the policy or the summary
         if err.errno not in (errno.ENOSPC, errno.EDQUOT):

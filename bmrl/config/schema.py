@@ -117,6 +117,9 @@ class TrainCfg:
     process_coef: float = 0.0  # weight of progress-delta (process) advantages; 0 = outcome only
     gamma: float = 1.0  # discount of per-turn process rewards, in (0, 1]
     max_nonfinite: int = 5  # stop after this many non-finite updates in a row
+    remat: bool = False  # recompute decoder layers in the backward pass (less activation memory)
+    microbatches: int = 1  # gradient accumulation: micro-batches per minibatch; must divide its rows
+    f32_master: bool = False  # keep a float32 copy of the parameters in the optimizer (for param_dtype=bfloat16)
     optim: OptimCfg = field(default_factory=lambda: OptimCfg(lr=1e-3))  # RL optimizer
 
 
@@ -159,6 +162,7 @@ class MeshCfg:
     data: int = -1  # data-parallel axis size (-1 = all remaining devices)
     fsdp: int = 1  # parameter-sharding axis size (-1 = all remaining devices)
     tensor: int = 1  # tensor-parallel axis size (-1 = all remaining devices)
+    device_memory_gb: float = 0.0  # memory per device for the memory plan; 0 = ask the device (GPU/TPU), else host RAM / devices
 
 
 def _default_variants() -> dict[str, BudgetCfg]:

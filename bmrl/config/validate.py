@@ -258,6 +258,11 @@ def validate(cfg: Config) -> None:
     _one_of("train.aggregation", t.aggregation, ("token_mean", "seq_mean"))
     if (t.tasks_per_step * t.group_size) % t.minibatches:
         raise ConfigError("train.minibatches", f"{t.minibatches} does not divide the batch of {t.tasks_per_step * t.group_size} rollouts.")
+    _positive(t, "train", ("microbatches",))
+    rows = t.tasks_per_step * t.group_size // t.minibatches
+    if rows % t.microbatches:
+        raise ConfigError("train.microbatches", f"{t.microbatches} does not divide a minibatch of {rows} rollouts; "
+                          "choose a divisor of tasks_per_step * group_size / minibatches.")
     _in_range("train.gamma", t.gamma, 0, 1, lo_open=True)
     if t.clip_eps <= 0:
         raise ConfigError("train.clip_eps", f"must be > 0, got {t.clip_eps}.")
@@ -284,6 +289,8 @@ def validate(cfg: Config) -> None:
             raise ConfigError(f"mesh.{name}", f"must be >= 1, or -1 for all remaining devices; got {size}.")
     if list(sizes.values()).count(-1) > 1:
         raise ConfigError("mesh", f"at most one axis may be -1 (all remaining devices), got {sizes}.")
+    if cfg.mesh.device_memory_gb < 0:
+        raise ConfigError("mesh.device_memory_gb", f"must be >= 0 (0 = ask the device), got {cfg.mesh.device_memory_gb}.")
 
 
 # ---- runtime facts: the context buffer against the caps, once the env and format are built -----------

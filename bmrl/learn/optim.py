@@ -2,6 +2,11 @@
 
     skip_nonfinite(chain(clip_by_global_norm(max_grad_norm), adamw(schedule, ...)))
 
+With `master_f32=True` (for bfloat16 parameters) the optimizer keeps a float32 copy of the parameters
+in its state (`f32_master`): gradients are cast to float32, the inner optimizer steps the copy, and
+the parameters become the copy rounded to their dtype, so small updates accumulate instead of
+rounding away.
+
 `skip_nonfinite` drops an update whose gradients (or loss, passed as `loss=`) hold a nan or inf:
 the returned updates are zeros and the inner optimizer state is unchanged, so parameters and
 moments stay exactly as they were. It counts consecutive and total skips so the train loop can
@@ -82,6 +87,7 @@ def make_optimizer(
     *,
     decay_matrices_only: bool = True,
     skip_nonfinite_updates: bool = True,
+    master_f32: bool = False,
 ) -> optax.GradientTransformationExtraArgs:
     """clip_by_global_norm(max_grad_norm) -> adamw(make_schedule(...)), wrapped in `skip_nonfinite`.
 
@@ -107,7 +113,41 @@ def make_optimizer(
         )
     )
     tx = optax.chain(*parts)
+    if master_f32:
+        tx = f32_master(tx)
     return skip_nonfinite(tx) if skip_nonfinite_updates else optax.with_extra_args_support(tx)
+
+
+class F32MasterState(NamedTuple):
+    """State of `f32_master`: the float32 copy of the parameters and the wrapped state (over it)."""
+
+    master: Any
+    inner_state: Any
+
+
+def f32_master(inner: optax.GradientTransformation) -> optax.GradientTransformationExtraArgs:
+    """Step a float32 copy of the parameters with `inner`; the updates make the parameters equal that
+    copy rounded to their own dtype. Needs `params` in `update`. A no-op in effect for float32 params.
+
+    The returned updates are float32 (`copy.astype(p.dtype) - p`, exact in float32 for bfloat16
+    `p`), so `optax.apply_updates(params, updates)` gives exactly the rounded copy.
+    """
+    inner = optax.with_extra_args_support(inner)
+    f32 = lambda tree: jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), tree)  # noqa: E731
+
+    def init(params: Any) -> F32MasterState:
+        master = jax.tree.map(lambda x: jnp.array(x, jnp.float32, copy=True), params)
+        return F32MasterState(master, inner.init(master))
+
+    def update(updates: Any, state: F32MasterState, params: Any = None, **extra_args: Any):
+        if params is None:
+            raise ValueError("f32_master needs the parameters: call update(grads, state, params).")
+        step, inner_state = inner.update(f32(updates), state.inner_state, state.master, **extra_args)
+        master = optax.apply_updates(state.master, step)
+        out = jax.tree.map(lambda m, p: m.astype(p.dtype).astype(jnp.float32) - p.astype(jnp.float32), master, params)
+        return out, F32MasterState(master, inner_state)
+
+    return optax.GradientTransformationExtraArgs(init, update)
 
 
 class SkipNonFiniteState(NamedTuple):
@@ -119,10 +159,27 @@ class SkipNonFiniteState(NamedTuple):
     inner_state: Any
 
 
-def all_finite(tree: Any) -> Array:
-    """True when every leaf of `tree` is entirely finite (a bool scalar; True for no leaves)."""
+def _all_finite(tree: Any) -> Array:
     leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]
     return jnp.all(jnp.stack(leaves)) if leaves else jnp.asarray(True)
+
+
+_all_finite_program = None
+
+
+def all_finite(tree: Any) -> Array:
+    """True when every leaf of `tree` is entirely finite (a bool scalar; True for no leaves).
+
+    On concrete (sharded) arrays it runs as one compiled program: one reduction across
+    devices instead of one small collective program per leaf (which, on 8 simulated CPU devices,
+    could time out in XLA's rendezvous at a checkpoint)."""
+    global _all_finite_program
+    leaves = jax.tree.leaves(tree)
+    if not leaves or any(isinstance(x, jax.core.Tracer) for x in leaves):
+        return _all_finite(tree)
+    if _all_finite_program is None:  # a checkpoint utility, not one of a run's counted programs
+        _all_finite_program = jax.jit(_all_finite)
+    return _all_finite_program(tree)
 
 
 def skip_nonfinite(inner: optax.GradientTransformation) -> optax.GradientTransformationExtraArgs:
@@ -149,8 +206,9 @@ def skip_nonfinite(inner: optax.GradientTransformation) -> optax.GradientTransfo
         def apply(_: None) -> tuple[Any, Any]:
             return inner.update(updates, state.inner_state, params, **extra_args)
 
-        def skip(_: None) -> tuple[Any, Any]:
-            return jax.tree.map(jnp.zeros_like, updates), state.inner_state
+        def skip(_: None) -> tuple[Any, Any]:  # zeros shaped like `apply`'s (f32_master returns float32)
+            shapes = jax.eval_shape(apply, None)[0]
+            return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes), state.inner_state
 
         new_updates, inner_state = jax.lax.cond(finite, apply, skip, None)
         skipped = (~finite).astype(jnp.int32)

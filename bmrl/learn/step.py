@@ -13,6 +13,11 @@ One `jax.jit` holds the whole update, PureJaxRL style:
             loss = loss_fn(logp, traj.logprobs, A, loss_mask, logp_ref, entropy)
             params, opt_state = optimizer step (skipped, and counted, when non-finite)
 
+Memory options (cfg.remat, cfg.microbatches; see `bmrl.memory`): decoder layers recomputed in the
+backward pass, and each minibatch's gradient accumulated over micro-batches (weighted so the sum
+equals the minibatch's gradient). With `shardings`, the jit pins params and optimizer state to
+their layouts on both sides (they come back as they went in: one compile for a whole run).
+
 `traj.logprobs` (the sampling policy's) are the "old" log-probs, so the first minibatch of the
 first epoch is exactly on-policy. `params` is the state half of `nnx.split(policy)`.
 """
@@ -29,6 +34,7 @@ from flax import nnx
 from bmrl.learn.advantages import combine_advantages, get_advantage, process_advantages, token_advantages
 from bmrl.learn.logprobs import chunked_token_logprobs, token_logprobs_and_entropy
 from bmrl.learn.losses import get_loss
+from bmrl.compiles import counted_jit
 from bmrl.learn.optim import SkipNonFiniteState, all_finite, skip_counts
 from bmrl.rollout import Trajectory
 
@@ -43,7 +49,8 @@ def sequence_mask(length: jax.Array, width: int) -> jax.Array:
 
 
 def policy_token_logprobs(
-    graphdef: nnx.GraphDef, params: Any, tokens: jax.Array, length: jax.Array, temperature: float
+    graphdef: nnx.GraphDef, params: Any, tokens: jax.Array, length: jax.Array, temperature: float,
+    remat: bool = False,
 ) -> tuple[jax.Array, jax.Array]:
     """Log-probs and entropies [B, L] of `tokens` under the policy log_softmax(logits / temperature).
 
@@ -52,6 +59,10 @@ def policy_token_logprobs(
     """
     t = 1.0 if temperature == 0 else float(temperature)
     model = nnx.merge(graphdef, params)
+    if remat:
+        from bmrl.memory import remat_layers
+
+        remat_layers(model)
     mask = sequence_mask(length, tokens.shape[1])
     if model.config.vocab_size > CHUNKED_VOCAB:
         hidden = model.hidden_states(tokens, attention_mask=mask)
@@ -75,7 +86,7 @@ def compute_advantages(traj: Trajectory, cfg: Any) -> jax.Array:
 
 
 def make_update(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformationExtraArgs, cfg: Any,
-                temperature: float, *, donate: bool = True):
+                temperature: float, *, donate: bool = True, shardings: tuple[Any, Any] | None = None):
     """Build the jitted `update(params, opt_state, ref_params, traj, key) -> (params, opt_state, metrics)`.
 
     cfg: a `TrainCfg` (advantage, group_size, process_coef, gamma, loss, epochs, minibatches,
@@ -83,21 +94,32 @@ def make_update(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformationE
     policy's params. `optimizer` must be wrapped in `skip_nonfinite` (as `make_optimizer` does):
     non-finite minibatch steps are skipped and counted. With `donate`, the params and optimizer
     state buffers passed in are reused for the outputs (do not use them after the call).
-    `update.trace_count()` tells how many times it was traced (compiled).
+    `shardings=(params_shardings, opt_state_shardings)` (`bmrl.parallel.param_shardings` /
+    `state_shardings`) pins both on the way in and out; the batch is pinned along (data, fsdp).
+    Compiled as the program "train_step" of `bmrl.compiles`; `update.trace_count()` counts its traces.
     """
     loss_fn = get_loss(cfg.loss)
     loss_opts = dict(kl_coef=cfg.kl_coef, entropy_coef=cfg.entropy_coef, aggregation=cfg.aggregation)
     if cfg.loss == "ppo":
         loss_opts["clip_eps"] = cfg.clip_eps
     epochs, minibatches = int(cfg.epochs), int(cfg.minibatches)
-    traces = [0]
+    micro, remat = int(getattr(cfg, "microbatches", 1) or 1), bool(getattr(cfg, "remat", False))
+    mesh = None if shardings is None else jax.tree.leaves(shardings[0])[0].mesh
 
     def update(params, opt_state, ref_params, traj: Trajectory, key):
-        traces[0] += 1
         batch, width = traj.tokens.shape
         if batch % minibatches:
             raise ValueError(f"train.minibatches={minibatches} does not divide the batch of {batch} rows.")
         mb = batch // minibatches
+        if mb % micro:
+            raise ValueError(f"train.microbatches={micro} does not divide the minibatch of {mb} rows "
+                             f"(batch {batch} / train.minibatches {minibatches}); pick a divisor of {mb}.")
+        if mesh is not None:
+            from bmrl.parallel import constrain_batch
+
+            traj = constrain_batch(traj, mesh)
+            if ref_params is not None:
+                ref_params = jax.lax.with_sharding_constraint(ref_params, shardings[0])
         adv = compute_advantages(traj, cfg)
         use_ref = ref_params is not None and cfg.kl_coef > 0
         logp_ref = None
@@ -110,17 +132,23 @@ def make_update(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformationE
             rows["logp_ref"] = logp_ref
 
         def loss_of(p, data):
-            logp, ent = policy_token_logprobs(graphdef, p, data["tokens"], data["length"], temperature)
+            logp, ent = policy_token_logprobs(graphdef, p, data["tokens"], data["length"], temperature, remat)
             if not cfg.entropy_coef:
                 ent = jax.lax.stop_gradient(ent)
             loss, m = loss_fn(logp, data["logp_old"], data["adv"], data["loss_mask"],
                               logp_ref=data.get("logp_ref"), entropy=ent, **loss_opts)
             return loss, m
 
+        def grads_of(p, data):
+            if micro == 1:
+                (loss, m), grads = jax.value_and_grad(loss_of, has_aux=True)(p, data)
+                return loss, m, grads
+            return accumulate_grads(loss_of, p, data, micro, cfg.aggregation)
+
         def minibatch_step(carry, idx):
             p, s = carry
             data = jax.tree.map(lambda x: x[idx], rows)
-            (loss, m), grads = jax.value_and_grad(loss_of, has_aux=True)(p, data)
+            loss, m, grads = grads_of(p, data)
             grad_norm = optax.tree.norm(grads)
             updates, s_new = optimizer.update(grads, s, p, loss=loss)
             p, s = keep_finite(p, s, optax.apply_updates(p, updates), s_new, loss, grad_norm)
@@ -150,15 +178,49 @@ def make_update(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformationE
         )
         return params, opt_state, metrics
 
-    jitted = jax.jit(update, donate_argnums=(0, 1) if donate else ())
+    pinned = {}
+    if shardings is not None:
+        from bmrl.parallel import replicated
 
-    def run(params, opt_state, ref_params, traj, key):
-        return jitted(params, opt_state, ref_params, traj, key)
+        pinned = dict(in_shardings=(shardings[0], shardings[1], None, None, None),
+                      out_shardings=(shardings[0], shardings[1], replicated(mesh)))
+    return counted_jit(update, name="train_step", donate_argnums=(0, 1) if donate else (), **pinned)
 
-    run.trace_count = lambda: traces[0]
-    run.lower = jitted.lower
-    run.__doc__ = update.__doc__
-    return run
+
+# Loss metrics that are means over tokens (weighted by token counts across micro-batches), the one
+# that is a max and the one that is a count; the rest are the loss terms (weighted like the loss).
+_TOKEN_MEAN_METRICS = ("clip_fraction", "approx_kl", "ratio_mean")
+
+
+def accumulate_grads(loss_of, params: Any, data: dict, micro: int, aggregation: str):
+    """(loss, metrics, grads) of `loss_of(params, data)` over the whole minibatch `data`, computed
+    `micro` rows-blocks at a time (gradient accumulation, a `lax.scan`): micro-batch i weighs
+    n_i / N, its share of the masked tokens ("token_mean") or of the sequences with any ("seq_mean"),
+    which makes the weighted sum equal the full minibatch's loss and gradient."""
+    parts = jax.tree.map(lambda x: x.reshape(micro, x.shape[0] // micro, *x.shape[1:]), data)
+    mask = parts["loss_mask"].astype(jnp.float32)  # [micro, rows, L]
+    tokens = mask.sum(axis=(1, 2))
+    units = tokens if aggregation == "token_mean" else (mask.sum(axis=2) > 0).sum(axis=1).astype(jnp.float32)
+    weight = units / jnp.maximum(units.sum(), 1.0)
+    token_weight = tokens / jnp.maximum(tokens.sum(), 1.0)
+
+    def one(acc, part_w):
+        part, w = part_w
+        (loss, m), g = jax.value_and_grad(loss_of, has_aux=True)(params, part)
+        return jax.tree.map(lambda a, x: a + w * x.astype(jnp.float32), acc, g), (loss, m)
+
+    zero = jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32), params)
+    acc, (losses, ms) = jax.lax.scan(one, zero, (parts, weight))
+    grads = jax.tree.map(lambda a, p: a.astype(p.dtype), acc, params)
+    metrics = {}
+    for k, v in ms.items():
+        if k == "ratio_max":
+            metrics[k] = v.max()
+        elif k == "num_tokens":
+            metrics[k] = v.sum()
+        else:
+            metrics[k] = jnp.sum((token_weight if k in _TOKEN_MEAN_METRICS else weight) * v)
+    return jnp.sum(weight * losses), metrics, grads
 
 
 def keep_finite(params: Any, state: Any, new_params: Any, new_state: Any, loss: jax.Array,
@@ -190,6 +252,7 @@ def consecutive_skips(opt_state: Any) -> int:
 __all__ = [
     "CHUNKED_VOCAB",
     "SkipNonFiniteState",
+    "accumulate_grads",
     "compute_advantages",
     "consecutive_skips",
     "init_opt_state",

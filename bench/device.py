@@ -1,0 +1,272 @@
+"""The accelerator path, measured: decode, rollout and one train step of a Qwen2.5-0.5B-shaped policy.
+
+    python bench/device.py               # on a GPU/TPU: Qwen2.5-0.5B shape, bfloat16, batch 256, 16 turns x 32 tokens
+    python bench/device.py --cpu-smoke   # the same code on a tiny model on CPU (< 60 s; tests/test_device_bench.py)
+
+Random weights (the shape is what costs). Every figure is measured side by side in this one run:
+- device references: copy bandwidth (a jitted `x + 1` over a large array: bytes read + written / time)
+  and bfloat16 matmul throughput (`jnp.dot` n x n, 2 n^3 / time);
+- decode: one token per sequence per step with `Decoder.extend` in a `lax.fori_loop` over a KV cache
+  of the rollout's length. Bytes read per step = parameters + the whole KV cache (attention reads the
+  full buffer); roofline fraction = (bytes per step / step time) / copy bandwidth. Target >= 0.6;
+- rollout: the compiled multi-turn rollout (`bmrl.rollout.make_rollout`) on the corridor environment,
+  every sequence running all turns (random weights rarely stop early): generated tokens/s;
+- train step: `bmrl.learn.step.make_update` (GRPO advantages, PPO loss, AdamW) on a synthetic full
+  batch, with the memory options the memory plan (`bmrl.memory`) needs to fit the device (remat,
+  micro-batches). Model FLOPs = tokens x (6 x params + 12 x layers x hidden x seq) (matmuls, and
+  attention scores and values, forward and backward; recomputation not counted); MFU = model FLOP/s
+  / measured bfloat16 matmul FLOP/s. Target >= 0.4.
+Compile times are reported apart and excluded. Prints a table, then one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bmrl.model import ModelConfig, init_model, num_params  # noqa: E402
+
+TARGET_DECODE_ROOFLINE = 0.6
+TARGET_MFU = 0.4
+
+
+def qwen2_5_0_5b(dtype: str) -> ModelConfig:
+    """Qwen2.5-0.5B's architecture (494M parameters, tied embeddings, GQA 14/2)."""
+    return ModelConfig(model_type="qwen2", vocab_size=151936, hidden_size=896, intermediate_size=4864,
+                       num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2, tie_word_embeddings=True,
+                       rope_theta=1e6, max_position_embeddings=32768, param_dtype=dtype, dtype=dtype)
+
+
+def tiny(dtype: str) -> ModelConfig:
+    return ModelConfig(model_type="qwen2", vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True, param_dtype=dtype,
+                       dtype=dtype)
+
+
+def best_time(fn, *args, repeats: int = 3) -> float:
+    """Best wall time of `fn(*args)` (already compiled) over `repeats` calls, blocking on the result."""
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def copy_bandwidth(nbytes: int) -> float:
+    """Bytes/s of a jitted elementwise pass over `nbytes` of bfloat16 (read once, written once)."""
+    x = jnp.ones((nbytes // 2,), jnp.bfloat16)
+    f = jax.jit(lambda a: a + 1)
+    jax.block_until_ready(f(x))
+    return 2 * x.nbytes / best_time(f, x, repeats=5)
+
+
+def matmul_flops(n: int, dtype=jnp.bfloat16) -> float:
+    """FLOP/s of an n x n x n matmul in `dtype` (2 n^3 per call)."""
+    a = jax.random.normal(jax.random.key(0), (n, n), dtype)
+    b = jax.random.normal(jax.random.key(1), (n, n), dtype)
+    f = jax.jit(lambda x, y: jnp.dot(x, y, preferred_element_type=dtype))
+    jax.block_until_ready(f(a, b))
+    return 2 * n**3 / best_time(f, a, b, repeats=5)
+
+
+def tree_bytes(tree) -> int:
+    return sum(x.nbytes for x in jax.tree.leaves(tree))
+
+
+# ---------------------------------------------------------------- decode
+def bench_decode(graphdef, params, batch: int, max_len: int, steps: int, bandwidth: float) -> dict:
+    """`steps` single-token decode steps over a [batch, max_len] KV cache; the bandwidth roofline."""
+    cfg = nnx.merge(graphdef, params).config
+
+    @jax.jit
+    def decode(params, tokens):
+        model = nnx.merge(graphdef, params)
+        cache = model.init_cache(batch, max_len)
+        lengths = jnp.ones((batch,), jnp.int32)
+
+        def step(i, carry):
+            tok, cache = carry
+            logits, cache = model.extend(tok, lengths, jnp.full((batch,), i, jnp.int32), cache)
+            return jnp.argmax(logits[:, -1], -1).astype(jnp.int32)[:, None], cache
+
+        tok, cache = jax.lax.fori_loop(0, steps, step, (tokens, cache))
+        return tok
+
+    tokens = jnp.zeros((batch, 1), jnp.int32)
+    t = time.perf_counter()
+    jax.block_until_ready(decode(params, tokens))
+    compile_s = time.perf_counter() - t
+    total = best_time(decode, params, tokens)
+    step_s = total / steps
+    kv_bytes = 2 * cfg.num_hidden_layers * batch * max_len * cfg.num_key_value_heads * cfg.head_dim * \
+        jnp.dtype(cfg.dtype).itemsize
+    per_step = tree_bytes(params) + kv_bytes
+    return {"decode_compile_s": round(compile_s, 2), "decode_step_ms": round(1e3 * step_s, 3),
+            "decode_tokens_per_s": round(batch / step_s, 1), "decode_bytes_per_step": int(per_step),
+            "decode_roofline": round(per_step / step_s / bandwidth, 3)}
+
+
+# ---------------------------------------------------------------- rollout
+def rollout_setup(mcfg: ModelConfig, batch: int, turns: int, reply: int):
+    """(env, fmt, rollout config, tasks, caps) for `batch` corridors that run `turns` turns of `reply` tokens."""
+    from bmrl import config as config_lib
+    from bmrl import build as policy_lib
+    from bmrl.rollout import default_format
+
+    data = dict(env={"name": "corridor", "options": {"length": 64, "eps": 0.0}},
+                rollout={"max_turns": turns, "max_reply_tokens": reply, "max_len": 8192},
+                budget={"kind": "fixed", "budgets": [turns]}, eval={"ts": [turns], "ks": [1], "attempts": 1},
+                model={"vocab_size": 384})
+    cfg = config_lib.build(data)
+    tok = policy_lib.build_tokenizer(cfg)
+    env = policy_lib.make_env(cfg, tok)
+    fmt = default_format(env)
+    need = fmt.tokens_needed(turns, env.max_obs_len, reply)
+    data["rollout"]["max_len"] = int(-(-need // 64) * 64)  # the smallest multiple of 64 that holds every turn
+    cfg = config_lib.build(data)
+    if mcfg.vocab_size < len(tok):
+        raise ValueError(f"the model's vocabulary ({mcfg.vocab_size}) is smaller than the tokenizer's ({len(tok)}).")
+    tasks = {"seed": jnp.arange(batch, dtype=jnp.int32) * 2}
+    caps = jnp.full((batch,), turns, jnp.int32)
+    return env, fmt, policy_lib.rollout_config(cfg), tasks, caps
+
+
+def bench_rollout(graphdef, params, setup, mesh) -> dict:
+    from bmrl.parallel import shard_batch
+    from bmrl.rollout import Injection, make_rollout
+
+    env, fmt, rcfg, tasks, caps = setup
+    run = make_rollout(graphdef, env, fmt, rcfg)
+    tasks, caps = shard_batch(tasks, mesh), shard_batch(caps, mesh)
+    inject = Injection.none(rcfg.max_turns)
+    t = time.perf_counter()
+    traj = jax.block_until_ready(run(params, tasks, caps, jax.random.key(0), inject))
+    compile_s = time.perf_counter() - t
+    best = best_time(lambda: run(params, tasks, caps, jax.random.key(1), inject), repeats=2)
+    sampled = int(np.asarray(traj.loss_mask).sum())
+    return {"rollout_compile_s": round(compile_s, 2), "rollout_s": round(best, 3),
+            "rollout_sampled_tokens": sampled, "rollout_tokens": int(np.asarray(traj.length).sum()),
+            "rollout_turns_mean": round(float(np.asarray(traj.turns_used).mean()), 2),
+            "rollout_tokens_per_s": round(sampled / best, 1)}, traj
+
+
+# ---------------------------------------------------------------- train step
+def bench_train_step(graphdef, params, traj, mesh, matmul: float, memory_gb: float) -> dict:
+    from bmrl.config import TrainCfg
+    from bmrl.learn import make_optimizer
+    from bmrl.learn.step import init_opt_state, make_update
+    from bmrl.memory import plan_memory
+    from bmrl.parallel import param_shardings, state_shardings
+
+    mcfg = nnx.merge(graphdef, params).config
+    batch, seq = traj.tokens.shape
+    tx = make_optimizer(1e-5, total_steps=100, master_f32=jnp.dtype(mcfg.param_dtype) != jnp.float32)
+    plan = None
+    for micro in [m for m in (1, 2, 4, 8, 16, 32, 64) if batch % m == 0]:  # the fewest micro-batches that fit
+        for remat in (False, True):
+            plan = plan_memory(mcfg, mesh, tx, rollout_batch=batch, max_len=seq, update_rows=batch,
+                               microbatches=micro, remat=remat, device_memory_gb=memory_gb)
+            if plan.fits:
+                break
+        if plan.fits:
+            break
+    print(plan.table(), flush=True)
+    tcfg = TrainCfg(tasks_per_step=batch // 8 if batch % 8 == 0 else batch, group_size=8 if batch % 8 == 0 else 1,
+                    epochs=1, minibatches=1, microbatches=micro, remat=remat)
+    p_sh = param_shardings(params, mesh)
+    params = jax.device_put(params, p_sh)
+    opt_state = init_opt_state(tx, params)
+    o_sh = state_shardings(opt_state, mesh)
+    opt_state = jax.device_put(opt_state, o_sh)
+    update = make_update(graphdef, tx, tcfg, 1.0, shardings=(p_sh, o_sh))
+    t = time.perf_counter()
+    params, opt_state, m = jax.block_until_ready(update(params, opt_state, None, traj, jax.random.key(0)))
+    compile_s = time.perf_counter() - t
+    times = []
+    for i in range(2):
+        t = time.perf_counter()
+        params, opt_state, m = jax.block_until_ready(update(params, opt_state, None, traj, jax.random.key(i + 1)))
+        times.append(time.perf_counter() - t)
+    step_s = min(times)
+    n = num_params(nnx.merge(graphdef, params))
+    tokens = batch * seq
+    flops = tokens * (6 * n + 12 * mcfg.num_hidden_layers * mcfg.hidden_size * seq)
+    return {"train_compile_s": round(compile_s, 2), "train_step_s": round(step_s, 3),
+            "train_tokens_per_s": round(tokens / step_s, 1), "train_microbatches": micro, "train_remat": remat,
+            "train_model_tflops": round(flops / step_s / 1e12, 3), "mfu": round(flops / step_s / matmul, 3),
+            "train_loss_finite": bool(np.isfinite(float(m["loss"]))), "train_compiles": update.trace_count(),
+            "plan_peak_gib": round(plan.peak / 2**30, 3)}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cpu-smoke", action="store_true", help="a tiny model on CPU: the same code in < 60 s")
+    ap.add_argument("--batch", type=int, default=None, help="rollout / train batch (default 256; smoke 8)")
+    ap.add_argument("--turns", type=int, default=None, help="turns per episode (default 16; smoke 2)")
+    ap.add_argument("--reply", type=int, default=None, help="tokens per reply (default 32; smoke 4)")
+    ap.add_argument("--decode-steps", type=int, default=None, help="timed decode steps (default 64; smoke 8)")
+    ap.add_argument("--device-memory-gb", type=float, default=0.0, help="override the device memory for the plan")
+    args = ap.parse_args(argv)
+    smoke = args.cpu_smoke
+    if smoke:
+        jax.config.update("jax_platforms", "cpu")
+    batch = args.batch or (8 if smoke else 256)
+    turns = args.turns or (2 if smoke else 16)
+    reply = args.reply or (4 if smoke else 32)
+    steps = args.decode_steps or (8 if smoke else 64)
+    dtype = "float32" if smoke else "bfloat16"
+    mcfg = tiny(dtype) if smoke else qwen2_5_0_5b(dtype)
+
+    from bmrl.parallel import MeshConfig, make_mesh, shard_params
+
+    mesh = make_mesh(MeshConfig(data=-1))
+    device = jax.devices()[0]
+    out = {"bench": "device", "backend": jax.default_backend(), "device": str(device.device_kind),
+           "devices": jax.device_count(), "model": "tiny" if smoke else "qwen2.5-0.5b-shape", "dtype": dtype,
+           "batch": batch, "turns": turns, "reply_tokens": reply}
+    bandwidth = copy_bandwidth((16 if smoke else 2048) * 2**20)
+    matmul = matmul_flops(256 if smoke else 8192, jnp.float32 if smoke else jnp.bfloat16)
+    out.update(copy_gbps=round(bandwidth / 1e9, 1), matmul_tflops=round(matmul / 1e12, 2))
+    print(f"device {out['device']} x{out['devices']}: copy {out['copy_gbps']} GB/s, "
+          f"{'float32' if smoke else 'bfloat16'} matmul {out['matmul_tflops']} TFLOP/s", flush=True)
+
+    model = init_model(mcfg, 0)
+    graphdef, params = nnx.split(model)
+    params = shard_params(params, mesh)
+    out["params"] = num_params(model)
+    setup = rollout_setup(mcfg, batch, turns, reply)
+    max_len = setup[2].max_len
+    out["max_len"] = max_len
+
+    out.update(bench_decode(graphdef, params, batch, max_len, steps, bandwidth))
+    print(f"decode: {out['decode_tokens_per_s']} tokens/s, {out['decode_step_ms']} ms/step, "
+          f"{out['decode_roofline']:.0%} of the copy-bandwidth roofline (target {TARGET_DECODE_ROOFLINE:.0%})",
+          flush=True)
+    stats, traj = bench_rollout(graphdef, params, setup, mesh)
+    out.update(stats)
+    print(f"rollout: {out['rollout_tokens_per_s']} generated tokens/s ({out['rollout_sampled_tokens']} tokens, "
+          f"{out['rollout_turns_mean']} turns per episode, {out['rollout_s']} s)", flush=True)
+    del model
+    out.update(bench_train_step(graphdef, params, traj, mesh, matmul, args.device_memory_gb))
+    print(f"train step: {out['train_tokens_per_s']} tokens/s, {out['train_step_s']} s, MFU {out['mfu']:.0%} "
+          f"(target {TARGET_MFU:.0%}; {out['train_microbatches']} micro-batches, remat {out['train_remat']})",
+          flush=True)
+    out["meets_decode_target"] = out["decode_roofline"] >= TARGET_DECODE_ROOFLINE
+    out["meets_mfu_target"] = out["mfu"] >= TARGET_MFU
+    print(json.dumps(out))
+    return out
+
+
+if __name__ == "__main__":
+    main()

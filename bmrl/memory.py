@@ -1,0 +1,232 @@
+"""Memory planned up front: bytes per device of a configuration, checked before a run starts, and
+rematerialisation of decoder layers (one of the options that lower them).
+
+    plan = plan_memory(model_cfg, mesh, optimizer, rollout_batch=256, max_len=1024, update_rows=128)
+    print(plan.table())
+    plan.check()          # MemoryPlanError (a ConfigError: exit 2) with the numbers and what to change
+
+Parameters, gradients and optimizer state are exact: every leaf's shard shape under the partition
+rules of `bmrl.parallel` (the optimizer state from `jax.eval_shape(optimizer.init, ...)`). The KV
+cache is exact for the layout of `bmrl.parallel.cache_sharding`. Activations of the update are an
+estimate from the model's shape (what the backward pass keeps per token and layer, attention scores
+included; with `remat` only each layer's input plus one layer's worth), checked against XLA's
+compiled buffer sizes in tests/test_memory.py. The peak is params + optimizer state +
+max(KV cache of the rollout, gradients + activations of the update): rollout and update alternate.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh
+
+from bmrl.config import ConfigError
+
+HEADROOM = 0.9  # plan to use at most this fraction of a device (XLA workspace, fragmentation)
+GIB = 2**30
+
+
+class MemoryPlanError(ConfigError):
+    """The configuration cannot fit the device memory (the message holds the plan and the fixes)."""
+
+
+# ---------------------------------------------------------------- rematerialisation
+class _RematLayer(nnx.Module):
+    """A decoder layer whose full forward (no cache) is recomputed in the backward pass."""
+
+    def __init__(self, layer: nnx.Module):
+        self.layer = layer
+
+    def __call__(self, x, positions, mask, cache=None, write_index=None):
+        if cache is not None:  # decoding keeps nothing for a backward pass
+            return self.layer(x, positions, mask, cache, write_index)
+        graphdef, state = nnx.split(self.layer)
+
+        def forward(state, x, positions, mask):
+            return nnx.merge(graphdef, state)(x, positions, mask)[0]
+
+        return jax.checkpoint(forward)(state, x, positions, mask), None
+
+
+def remat_layers(model: nnx.Module) -> nnx.Module:
+    """Wrap every decoder layer of `model` (in place, e.g. a model merged inside jit) so only its input
+    is kept for the backward pass; the same numbers, less activation memory, one more forward."""
+    model.layers = nnx.List([layer if isinstance(layer, _RematLayer) else _RematLayer(layer) for layer in model.layers])
+    return model
+
+
+# ---------------------------------------------------------------- the plan
+def _device_bytes(abstract: Any, shardings: Any) -> int:
+    """Bytes one device holds of `abstract` (arrays or ShapeDtypeStructs) laid out by `shardings`."""
+    total = 0
+    for leaf, sh in zip(jax.tree.leaves(abstract), jax.tree.leaves(shardings), strict=True):
+        shape = sh.shard_shape(tuple(leaf.shape)) if len(leaf.shape) else ()
+        total += math.prod(shape) * jnp.dtype(leaf.dtype).itemsize
+    return total
+
+
+def device_capacity(override_gb: float = 0.0) -> tuple[int, str]:
+    """(bytes one device may use, where that number came from): `override_gb` when > 0, else the
+    device's own `memory_stats()["bytes_limit"]` (GPU, TPU), else host RAM / local devices (CPU)."""
+    if override_gb and override_gb > 0:
+        return int(override_gb * GIB), "mesh.device_memory_gb"
+    device = jax.local_devices()[0]
+    try:
+        stats = device.memory_stats() or {}
+    except Exception:  # noqa: BLE001 - backends without memory stats
+        stats = {}
+    if stats.get("bytes_limit"):
+        return int(stats["bytes_limit"]), f"{device.platform} memory_stats()"
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return ram // max(jax.local_device_count(), 1), f"host RAM / {jax.local_device_count()} local devices"
+
+
+def activation_bytes(mcfg: Any, rows: int, seq: int, tensor: int = 1, remat: bool = False) -> int:
+    """Estimated bytes the update keeps for the backward pass on one device: `rows` sequences of `seq`
+    tokens through every layer (inputs, norms, q/k/v, attention scores and probabilities, MLP), plus
+    the log-prob head. With `remat`, each layer keeps only its input and one layer is live at a time."""
+    b = jnp.dtype(mcfg.dtype).itemsize
+    hidden, inter, heads, kv, hd = (mcfg.hidden_size, mcfg.intermediate_size, mcfg.num_attention_heads,
+                                    mcfg.num_key_value_heads, mcfg.head_dim)
+    per_token_layer = (
+        hidden * b  # residual input
+        + 2 * hidden * (b + 4)  # two RMSNorms (computed in float32)
+        + 2 * (heads + 2 * kv) * hd * b / tensor  # q, k, v before and after RoPE
+        + heads * seq * (4 + b) / tensor  # attention scores (float32) and probabilities
+        + heads * hd * b / tensor + hidden * b  # attention output, o_proj output
+        + 4 * inter * b / tensor + hidden * b  # gate, up, silu, product; down output
+    )
+    tokens = rows * seq
+    layers = mcfg.num_hidden_layers
+    body = (layers * hidden * b + per_token_layer) * tokens if remat else layers * per_token_layer * tokens
+    vocab = mcfg.vocab_size
+    chunk = 128 if vocab > 8192 else seq  # bmrl.learn.step chunks the log-probs of large vocabularies
+    head = rows * chunk * vocab * 4 * 3 + tokens * hidden * 4  # logits, log-softmax, its gradient; final hidden
+    return int(body + head)
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryPlan:
+    """Bytes per device of one configuration, and what the device offers."""
+
+    mesh: dict[str, int]
+    params: int
+    grads: int
+    opt_state: int
+    kv_cache: int
+    activations: int
+    capacity: int
+    capacity_source: str
+    notes: tuple[str, ...] = ()
+
+    @property
+    def peak(self) -> int:
+        """Params + optimizer state + the larger of the rollout's KV cache and the update's gradients
+        + activations."""
+        return self.params + self.opt_state + max(self.kv_cache, self.grads + self.activations)
+
+    @property
+    def fits(self) -> bool:
+        return self.peak <= HEADROOM * self.capacity
+
+    def table(self) -> str:
+        gib = lambda n: f"{n / GIB:9.3f} GiB"  # noqa: E731
+        mesh = " x ".join(f"{k} {v}" for k, v in self.mesh.items())
+        rows = [
+            f"memory plan per device (mesh {mesh}):",
+            f"  parameters        {gib(self.params)}",
+            f"  optimizer state   {gib(self.opt_state)}",
+            f"  KV cache (rollout){gib(self.kv_cache)}",
+            f"  gradients         {gib(self.grads)}",
+            f"  activations       {gib(self.activations)}  (update, estimated)",
+            f"  peak              {gib(self.peak)}  of {gib(self.capacity).strip()} ({self.capacity_source}), "
+            f"{self.peak / max(self.capacity, 1):.0%}",
+        ]
+        return "\n".join(rows + [f"  {n}" for n in self.notes])
+
+    def check(self) -> None:
+        """Raise `MemoryPlanError` when the peak exceeds HEADROOM x capacity, naming what to change."""
+        if self.fits:
+            return
+        fixes = []
+        if self.params + self.opt_state > 0.5 * self.capacity:
+            fixes.append("shard parameters and optimizer state over more devices (raise mesh.fsdp)")
+        if self.activations >= self.kv_cache:
+            fixes.append("recompute decoder layers (train.remat=true), split minibatches into micro-batches "
+                         "(raise train.microbatches) or raise train.minibatches")
+        if self.kv_cache >= self.grads + self.activations:
+            fixes.append("shrink the rollout's KV cache: lower train.tasks_per_step x train.group_size, eval.num_tasks "
+                         "or rollout.max_len, or spread the batch over more devices (mesh.data / mesh.fsdp)")
+        fixes.append("use bfloat16 (model.param_dtype=bfloat16 model.dtype=bfloat16, with train.f32_master=true)")
+        fixes.append("or, if the device really has more memory, set mesh.device_memory_gb")
+        raise MemoryPlanError(
+            "memory", f"this configuration needs {self.peak / GIB:.2f} GiB per device but "
+            f"{HEADROOM:.0%} of {self.capacity / GIB:.2f} GiB is available.\n{self.table()}\nTo fit: "
+            + "; ".join(fixes) + "."
+        )
+
+
+def plan_memory(
+    mcfg: Any,
+    mesh: Mesh,
+    optimizer: Any,
+    *,
+    rollout_batch: int,
+    max_len: int,
+    update_rows: int,
+    microbatches: int = 1,
+    remat: bool = False,
+    device_memory_gb: float = 0.0,
+) -> MemoryPlan:
+    """The `MemoryPlan` of a decoder `mcfg` (a `ModelConfig`) on `mesh` with `optimizer`: a rollout of
+    `rollout_batch` rows x `max_len` tokens, an update over minibatches of `update_rows` rows split
+    into `microbatches`. Allocates nothing (shapes only)."""
+    from bmrl.model import Decoder
+    from bmrl.parallel import BATCH_AXES, cache_sharding, param_shardings, state_shardings
+
+    params = nnx.state(nnx.eval_shape(lambda: Decoder(mcfg, rngs=nnx.Rngs(0))))
+    p_sh = param_shardings(params, mesh)
+    opt = jax.eval_shape(optimizer.init, params)
+    param_bytes = _device_bytes(params, p_sh)
+    grads = param_bytes
+    notes = []
+    if microbatches > 1:  # a float32 accumulator next to the micro-batch gradient
+        f32 = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, jnp.float32), params)
+        grads += _device_bytes(f32, p_sh)
+        notes.append(f"gradients accumulated over {microbatches} micro-batches (float32 accumulator)")
+    cache = jax.ShapeDtypeStruct((rollout_batch, max_len, mcfg.num_key_value_heads, mcfg.head_dim), mcfg.dtype)
+    kv = 2 * mcfg.num_hidden_layers * _device_bytes([cache], [cache_sharding(mesh, mcfg.num_key_value_heads)])
+    ways = int(np.prod([mesh.shape[a] for a in BATCH_AXES]))
+    rows = math.ceil(update_rows / max(microbatches, 1) / ways)
+    acts = activation_bytes(mcfg, rows, max_len, mesh.shape["tensor"], remat)
+    if remat:
+        notes.append("decoder layers rematerialised in the backward pass")
+    capacity, source = device_capacity(device_memory_gb)
+    return MemoryPlan(dict(mesh.shape), param_bytes, grads, _device_bytes(opt, state_shardings(opt, mesh)), kv, acts,
+                      capacity, source, tuple(notes))
+
+
+def plan_for_config(cfg: Any, mcfg: Any, mesh: Mesh, optimizer: Any) -> MemoryPlan:
+    """The plan of a training run (`cfg`: a `bmrl.config.Config`; `mcfg` its policy's ModelConfig)."""
+    t = cfg.train
+    batch = t.tasks_per_step * t.group_size
+    micro = int(getattr(t, "microbatches", 1))
+    mb = batch // max(t.minibatches, 1)
+    if micro < 1 or mb % micro:
+        raise ConfigError("train.microbatches", f"must be >= 1 and divide the minibatch of {mb} rows "
+                          f"(tasks_per_step x group_size / minibatches), got {micro}.")
+    eval_rows = cfg.eval.num_tasks * len(cfg.eval.ts)
+    return plan_memory(mcfg, mesh, optimizer, rollout_batch=max(batch, eval_rows), max_len=cfg.rollout.max_len,
+                       update_rows=mb, microbatches=micro, remat=bool(getattr(t, "remat", False)),
+                       device_memory_gb=float(getattr(cfg.mesh, "device_memory_gb", 0.0)))
+
+
+__all__ = ["HEADROOM", "MemoryPlan", "MemoryPlanError", "activation_bytes", "device_capacity", "plan_for_config",
+           "plan_memory", "remat_layers"]

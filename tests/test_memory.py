@@ -1,0 +1,165 @@
+"""The memory plan (exact bytes for params, optimizer state and KV cache; activations checked against
+XLA's compiled buffers; refusal of a config that cannot fit) and the memory options, each against the
+plain path: remat, gradient accumulation over micro-batches, bfloat16 params with a float32 master copy.
+"""
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+from bmrl import config as config_lib
+from bmrl.learn import make_optimizer, skip_nonfinite
+from bmrl.learn import step as step_lib
+from bmrl.memory import MemoryPlanError, activation_bytes, plan_memory
+from bmrl.model import ModelConfig, init_model
+from bmrl.parallel import MeshConfig, make_mesh
+from tests.test_train import fake_traj, flat, train_cfg
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+V, B, L = 24, 8, 12  # fake_traj's shapes
+
+
+def model_cfg(**kw):
+    base = dict(vocab_size=V, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                num_key_value_heads=1)
+    return ModelConfig(**{**base, **kw})
+
+
+def nbytes(tree):
+    return sum(np.asarray(x).nbytes for x in jax.tree.leaves(tree))
+
+
+def init_params(mcfg):
+    """(graphdef, params) of `mcfg`, the params those of the float32 model of the same seed (cast)."""
+    graphdef, _ = nnx.split(init_model(mcfg, 0))
+    _, params = nnx.split(init_model(dataclasses.replace(mcfg, param_dtype="float32"), 0))
+    return graphdef, jax.tree.map(lambda x: x.astype(mcfg.param_dtype), params)
+
+
+def run_steps(mcfg, cfg, tx, steps=2, traj_seed=0):
+    """`steps` updates of a fresh model; returns (losses, final params as float64 vector)."""
+    graphdef, params = init_params(mcfg)
+    opt_state = step_lib.init_opt_state(tx, params)
+    update = step_lib.make_update(graphdef, tx, cfg, 1.0, donate=False)
+    losses = []
+    for i in range(steps):
+        params, opt_state, m = update(params, opt_state, None, fake_traj(traj_seed + i), jax.random.key(i))
+        losses.append(float(m["loss"]))
+    return np.array(losses), flat(jax.tree.map(lambda x: x.astype(jnp.float32), params)).astype(np.float64)
+
+
+def test_plan_bytes_are_exact_on_one_device():
+    mcfg = model_cfg(tie_word_embeddings=False, model_type="qwen2")
+    mesh = make_mesh(MeshConfig(1, 1, 1), devices=jax.devices()[:1])
+    tx = make_optimizer(1e-3, total_steps=10, master_f32=True)
+    plan = plan_memory(mcfg, mesh, tx, rollout_batch=6, max_len=40, update_rows=4, device_memory_gb=1.0)
+    model = init_model(mcfg, 0)
+    params = nnx.state(model)
+    assert plan.params == plan.grads == nbytes(params)
+    assert plan.opt_state == nbytes(step_lib.init_opt_state(tx, params))  # f32 master + adam moments + counters
+    assert plan.kv_cache == nbytes(model.init_cache(6, 40))
+    assert plan.capacity == 2**30 and plan.capacity_source == "mesh.device_memory_gb" and plan.fits
+    assert "optimizer state" in plan.table() and "peak" in plan.table()
+
+
+def test_remat_same_numbers_less_memory_and_the_estimate_tracks_xla():
+    """Remat gives the same update (loss and parameters) with smaller compiled temporary buffers, and
+    the activation estimate is within 3x of XLA's temporaries for the compiled update, both ways."""
+    mcfg = model_cfg(num_hidden_layers=4, hidden_size=32, intermediate_size=64, num_attention_heads=4,
+                     num_key_value_heads=2)
+    graphdef, params = nnx.split(init_model(mcfg, 0))
+    tx = make_optimizer(3e-3, total_steps=10)
+    opt_state = step_lib.init_opt_state(tx, params)
+    temp, result = {}, {}
+    for remat in (False, True):
+        upd = step_lib.make_update(graphdef, tx, train_cfg(remat=remat), 1.0, donate=False)
+        compiled = upd.lower(params, opt_state, None, fake_traj(0), jax.random.key(0)).compile()
+        temp[remat] = compiled.memory_analysis().temp_size_in_bytes
+        est = activation_bytes(mcfg, B, L, remat=remat)
+        assert temp[remat] / 3 < est < 3 * temp[remat], (remat, est, temp[remat])
+        p, _, m = compiled(params, opt_state, None, fake_traj(0), jax.random.key(0))
+        result[remat] = (float(m["loss"]), flat(p))
+    assert temp[True] < temp[False]
+    assert activation_bytes(mcfg, B, L, remat=True) < activation_bytes(mcfg, B, L)
+    assert abs(result[True][0] - result[False][0]) < 1e-6
+    np.testing.assert_allclose(result[True][1], result[False][1], rtol=1e-5, atol=1e-7)
+
+
+def test_microbatches_accumulate_to_the_minibatch_gradient():
+    """2 minibatches of 4 rows, each split into 2 (token_mean) or 4 (seq_mean) micro-batches: the same
+    losses and parameters as without accumulation."""
+    mcfg = model_cfg()
+    tx = make_optimizer(3e-3, total_steps=10)
+    for aggregation, micro in (("token_mean", 2), ("seq_mean", 4)):
+        plain = run_steps(mcfg, train_cfg(minibatches=2, aggregation=aggregation), tx)
+        acc = run_steps(mcfg, train_cfg(minibatches=2, microbatches=micro, aggregation=aggregation), tx)
+        np.testing.assert_allclose(acc[0], plain[0], rtol=1e-5, atol=1e-6, err_msg=aggregation)
+        np.testing.assert_allclose(acc[1], plain[1], rtol=1e-4, atol=1e-6, err_msg=aggregation)
+    with pytest.raises(ValueError, match="train.microbatches=3 does not divide the minibatch of 4 rows"):
+        run_steps(mcfg, train_cfg(minibatches=2, microbatches=3), tx, steps=1)
+
+
+def test_bf16_params_with_f32_master_follow_the_f32_run():
+    """bfloat16 params + a float32 master copy track the float32 run (bfloat16 rounding apart), and
+    the master keeps updates too small for bfloat16 (plain bfloat16 params would not move)."""
+    f32 = run_steps(model_cfg(), train_cfg(), make_optimizer(3e-3, total_steps=10), steps=3)
+    bf16 = run_steps(model_cfg(param_dtype="bfloat16"), train_cfg(), make_optimizer(3e-3, total_steps=10,
+                                                                                     master_f32=True), steps=3)
+    np.testing.assert_allclose(bf16[0], f32[0], rtol=0.05, atol=2e-3)
+    np.testing.assert_allclose(bf16[1], f32[1], atol=2e-2)
+
+    graphdef, params = init_params(model_cfg(param_dtype="bfloat16"))
+    tiny = dict(lr=1e-6, total_steps=10, schedule="constant")
+    out = {}
+    for master in (False, True):
+        tx = make_optimizer(**tiny, master_f32=master)
+        state = step_lib.init_opt_state(tx, params)
+        update = step_lib.make_update(graphdef, tx, train_cfg(), 1.0, donate=False)
+        p = params
+        for i in range(3):
+            p, state, _ = update(p, state, None, fake_traj(i), jax.random.key(i))
+        out[master] = (p, state)
+    assert all(x.dtype == jnp.bfloat16 for x in jax.tree.leaves(out[True][0]))
+    start = flat(jax.tree.map(lambda x: x.astype(jnp.float32), params))
+    moved_plain = np.mean(flat(out[False][0]).astype(np.float32) != start)  # most updates round away
+    moved_master = np.mean(flat(out[True][1].inner_state.master) != start)  # the master keeps them
+    assert moved_plain < 0.1 and moved_master > 0.9, (moved_plain, moved_master)
+
+
+def test_train_refuses_a_config_that_cannot_fit(tmp_path):
+    """`bmrl train` with 1 MiB of device memory: exit 2, the plan's numbers and the fixes, nothing trained."""
+    from tests.test_train import TINY
+
+    data = json.loads(json.dumps(TINY))
+    data["out_dir"] = str(tmp_path / "run")
+    data["mesh"] = {"device_memory_gb": 0.001}
+    cfg_path = tmp_path / "cfg.yaml"
+    cfg_path.write_text(config_lib.to_yaml(config_lib.build(data)))
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), JAX_PLATFORMS="cpu")
+    env.pop("XLA_FLAGS", None)
+    res = subprocess.run([sys.executable, "-m", "bmrl", "train", "--config", str(cfg_path), "--no-progress"],
+                         capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+    assert res.returncode == 2, res.stderr[-2000:]
+    assert "config error: memory:" in res.stderr and "GiB per device" in res.stderr
+    for line in ("parameters", "optimizer state", "KV cache", "activations", "mesh.device_memory_gb"):
+        assert line in res.stderr
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_plan_error_names_the_fix():
+    mcfg = model_cfg(vocab_size=4096, hidden_size=256, intermediate_size=512)
+    mesh = make_mesh(MeshConfig(1, 1, 1), devices=jax.devices()[:1])
+    plan = plan_memory(mcfg, mesh, make_optimizer(1e-3, total_steps=10), rollout_batch=64, max_len=512,
+                       update_rows=64, device_memory_gb=0.05)
+    with pytest.raises(MemoryPlanError, match="train.remat=true") as err:
+        plan.check()
+    assert err.value.key == "memory" and f"{plan.peak / 2**30:.2f} GiB" in str(err.value)
