@@ -136,3 +136,20 @@ def test_timeouts_and_bad_returns_are_counted(setup, clean):
     a, b = _rows(t, others), _rows(clean.trajectory, others)
     for f in a:
         np.testing.assert_array_equal(a[f], b[f], err_msg=f)
+
+
+def test_tool_env_from_an_entry_point_runs(setup):
+    """A Python-only environment (free-form string actions, longer observations) through the same turn:
+    no action list means action ids are INVALID, tool errors are the env's own, not faults."""
+    from bmrl.envs.python import load_entry
+
+    env, fmt, policy, cfg = setup
+    build = load_entry("bmrl.envs.python.tools:ToolUse", {"k": 2})
+    caps = np.array([2, 4, 3, 4], np.int32)
+    got = host_rollout(policy, [build() for _ in caps], env.tokenizer, caps, jax.random.PRNGKey(0), cfg, fmt)
+    t = got.trajectory
+    assert got.faults == [] and (np.asarray(t.turns_used) == caps).all()  # nobody solves it: capped
+    assert (np.asarray(t.action) == -1).all() and np.asarray(t.error)[np.asarray(t.turn_active)].all()
+    text = env.tokenizer.decode(np.asarray(t.tokens[0, : int(t.length[0])]).tolist())
+    assert "Task:" in text and "tool error: unknown action" in text
+    assert (np.asarray(t.loss_mask).sum(1) > 0).all()
