@@ -34,11 +34,11 @@ def setup(tiny_tokenizer):
     return env, fmt, policy, cfg
 
 
-def _host(setup, caps=CAPS, key=3, wrap=JaxAsPython, hcfg=HostConfig()):
+def _host(setup, caps=CAPS, key=3, wrap=JaxAsPython, hcfg=None):
     env, fmt, policy, cfg = setup
     envs = [wrap(env, b) if wrap is not JaxAsPython else wrap(env) for b in range(len(caps))]
     tasks = [{"seed": int(s)} for s in SEEDS[: len(caps)]]
-    return host_rollout(policy, envs, env.tokenizer, caps, jax.random.PRNGKey(key), cfg, fmt, tasks=tasks, hcfg=hcfg)
+    return host_rollout(policy, envs, env.tokenizer, caps, jax.random.PRNGKey(key), cfg, fmt, tasks=tasks, hcfg=hcfg or HostConfig())
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +52,7 @@ def _rows(traj, rows):
 
 def test_python_path_equals_compiled_path(setup, clean):
     """Same keys and caps: the wrapped corridor played from the host is the compiled rollout, token for token."""
-    env, fmt, policy, cfg = setup
+    env, _, policy, cfg = setup
     ref = rollout(policy, env, {"seed": jnp.asarray(SEEDS)}, jnp.asarray(CAPS), jax.random.PRNGKey(3), cfg)
     got = clean.trajectory
     assert clean.faults == []

@@ -58,7 +58,7 @@ def test_tool_env_oracle_solves_every_task_in_k_plus_two_steps():
         obs, info = env.reset(seed=seed)
         assert obs.startswith("Task:") and info["progress"] == 0.0
         for step in range(5):
-            obs, reward, term, trunc, info = env.step(env.oracle())
+            obs, reward, term, _, info = env.step(env.oracle())
             if term:
                 break
         assert (step, reward, info["success"], info["progress"]) == (4, 1.0, True, 1.0)

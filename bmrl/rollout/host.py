@@ -6,7 +6,8 @@ Per turn, for a batch of rows each with its own environment object (`bmrl.envs.p
              (`ModelPolicy.decode_reply`: stop tokens, per-turn limit, sampling) and the format
              extracts its answer span; nothing before the reply is prefilled again
     host     answers are decoded to text and handed to the environments, stepped concurrently in a
-             thread pool with a timeout; faults become "tool error: ..." observations
+             thread pool with a timeout; faults become "tool error: ..." observations (a reply that
+             breaks the reply format has no answer: its environment gets the empty action "")
     observe  the observation texts are tokenized on the host, padded to one of a few static widths,
              and one jitted program prefills them at each row's offset (`ModelPolicy.observe`)
     active = ~done & (turn < caps) & fits       (caps are data: host arrays, never shapes)
@@ -20,6 +21,7 @@ environment of row b gets `reset(seed=key_seed(fold_in(row_key_b, ENV_STREAM)))`
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -29,13 +31,22 @@ import numpy as np
 from flax import nnx
 
 from bmrl import compiles
-from bmrl.envs.python.protocol import Fault, StepResult, Stepper, action_index
+from bmrl.envs.python.protocol import Fault, Stepper, StepResult, action_index, key_seed
 from bmrl.envs.text import INVALID, Observation, encode
 from bmrl.formats import Format
 from bmrl.rollout.policies import ModelPolicy
-from bmrl.rollout.types import ENV_STREAM, RolloutConfig, RolloutError, Trajectory, check_caps, row_keys, stream
+from bmrl.rollout.types import (
+    ENV_STREAM,
+    RolloutConfig,
+    RolloutError,
+    Trajectory,
+    check_caps,
+    row_keys,
+    stream,
+)
 
 ON_FAULT = ("observe", "end")
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,18 +87,6 @@ class _Width:
         self.max_obs_len = width
 
 
-def key_seed(key: Any) -> int:
-    """A PRNG key (typed or raw) as one non-negative int: its key words, low word first."""
-    data = np.asarray(jax.random.key_data(key) if jnp.issubdtype(key.dtype, jax.dtypes.prng_key) else key)
-    return sum(int(w) << (32 * i) for i, w in enumerate(data.astype(np.uint32).ravel()))
-
-
-def seed_key(seed: int) -> jax.Array:
-    """Inverse of `key_seed` for the default key implementation (a raw uint32 key)."""
-    words = jax.random.PRNGKey(0).shape[-1]
-    return jnp.asarray([(int(seed) >> (32 * i)) & 0xFFFFFFFF for i in range(words)], jnp.uint32)
-
-
 def _programs(policy: ModelPolicy) -> dict[str, Callable]:
     """The jitted start, act, observe and outputs programs of a model policy (cached, counted)."""
 
@@ -112,12 +111,12 @@ def _programs(policy: ModelPolicy) -> dict[str, Callable]:
         def outputs(params, s):
             return policy.bind(params).outputs(s)
 
-        return dict(
-            start=compiles.counted_jit(start, name="host_start"),
-            act=compiles.counted_jit(act, name="host_act", donate_argnums=(1,)),
-            observe=compiles.counted_jit(observe, name="host_observe", donate_argnums=(1,)),
-            outputs=compiles.counted_jit(outputs, name="host_outputs"),
-        )
+        return {
+            "start": compiles.counted_jit(start, name="host_start"),
+            "act": compiles.counted_jit(act, name="host_act", donate_argnums=(1,)),
+            "observe": compiles.counted_jit(observe, name="host_observe", donate_argnums=(1,)),
+            "outputs": compiles.counted_jit(outputs, name="host_outputs"),
+        }
 
     return compiles.program("host_rollout", policy, build)
 
@@ -184,7 +183,7 @@ def host_rollout(
                 f"with a reply of {cfg.max_reply_tokens}; raise RolloutConfig.max_len."
             )
         for b in range(batch):
-            rec.reset(b, first[b], hcfg)
+            rec.reset(b, first[b])
         tok, lens = _pad_obs(obs_toks, first_widths, pad)
         state = prog["start"](params, jnp.asarray(tok), jnp.asarray(lens), keys)
         for t in range(Tm):
@@ -194,12 +193,12 @@ def host_rollout(
             state, answer, answer_len, ok = prog["act"](params, state, jnp.int32(t), jnp.asarray(active))
             answer, answer_len, ok = jax.device_get((answer, answer_len, ok))
             rows = np.flatnonzero(active)
-            texts = {int(b): tokenizer.decode([int(x) for x in answer[b, : answer_len[b]]]) for b in rows}
-            results = stepper.run({b: (lambda b=b: envs[b].step(texts[b])) for b in texts}, t)
+            texts = {int(b): tokenizer.decode([int(x) for x in answer[b, : answer_len[b]]]) if ok[b] else "" for b in rows}
+            results = stepper.run({b: (lambda b=b, a=a: envs[b].step(a)) for b, a in texts.items()}, t)
             nxt = np.zeros((batch,), bool)
             obs_toks = [[] for _ in range(batch)]
-            for b in texts:
-                nxt[b] = rec.turn(b, t, results[b], envs[b], texts[b], bool(ok[b]), cfg.format_reward, hcfg)
+            for b, text in texts.items():
+                nxt[b] = rec.turn(b, t, results[b], envs[b], text, bool(ok[b]), cfg.format_reward, hcfg)
                 if nxt[b]:
                     obs_toks[b] = encode(tokenizer, results[b].obs)
             too_long = np.array([len(x) > widths[-1] for x in obs_toks])
@@ -213,6 +212,8 @@ def host_rollout(
         out = prog["outputs"](params, state)
     finally:
         stepper.close()
+    for f in rec.faults:
+        log.warning("env fault in row %d (task %r), turn %d: %s: %s", f.row, tasks[f.row], f.turn, f.kind, f.message)
     return HostRollout(rec.trajectory(out, caps), rec.faults)
 
 
@@ -233,7 +234,7 @@ class _Records:
         self.active = np.ones((batch,), bool)
         self.faults: list[Fault] = []
 
-    def reset(self, b: int, r: StepResult, hcfg: HostConfig) -> None:
+    def reset(self, b: int, r: StepResult) -> None:
         self.progress[b, 0] = _progress(r.info, 0.0)
         if r.fault is not None:  # no first observation: the row cannot play
             self.faults.append(r.fault)
@@ -289,4 +290,4 @@ def _progress(info: dict, default: float) -> float:
         return default
 
 
-__all__ = ["HostConfig", "HostRollout", "host_rollout", "key_seed", "seed_key"]
+__all__ = ["HostConfig", "HostRollout", "host_rollout"]

@@ -1,7 +1,7 @@
 """Any built-in JAX environment as a Python one (text in and out), for tests and comparisons.
 
 `JaxAsPython(env)` plays `env` (a `bmrl.envs.base.Env`) through the Python protocol: the seed handed
-to `reset` is read back as the JAX key (`bmrl.rollout.host.seed_key`), turn t steps with
+to `reset` is read back as the JAX key (`protocol.seed_key`), turn t steps with
 `fold_in(key, t + 1)` as the compiled engine does, observations are the env's rendered text and
 actions are matched against its action strings. Played by `bmrl.rollout.host_rollout` with the same
 keys, it gives the compiled rollout's trajectories token for token.
@@ -17,6 +17,7 @@ import numpy as np
 
 from bmrl import compiles
 from bmrl.envs.base import INVALID, Env
+from bmrl.envs.python.protocol import seed_key
 
 
 def _programs(env: Env):
@@ -45,8 +46,6 @@ class JaxAsPython:
         self._t = 0
 
     def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[str, dict]:
-        from bmrl.rollout.host import seed_key
-
         self._key = seed_key(0 if seed is None else seed)
         task = {k: jnp.asarray(v) for k, v in (options or {"seed": 0}).items()}
         self._state, obs = self._reset(self._key, task)

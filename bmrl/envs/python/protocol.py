@@ -12,7 +12,8 @@ action list) lets the rollout record action ids.
 
 User code runs in a thread pool (`Stepper`): an exception, a timeout or a malformed return in one row
 becomes a "tool error: ..." observation for that row (a `Fault`), and the rest of the batch goes on.
-A broken entry point is refused before the run starts (`load_entry`).
+A broken entry point is refused before the run starts (`load_entry`). Seeds: the host hands row b
+`reset(seed=key_seed(its environment key))`, one int; `seed_key` reads it back as a JAX key.
 """
 
 from __future__ import annotations
@@ -24,6 +25,10 @@ import inspect
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
 
 FAULT_PREFIX = "tool error: "
 
@@ -66,7 +71,7 @@ def load_entry(entry: str, options: dict | None = None) -> Callable[[], Any]:
         raise EntryError(f"env entry {entry!r} must look like 'package.module:factory'.")
     try:
         module = importlib.import_module(module_name)
-    except Exception as e:  # noqa: BLE001 - any import failure of user code is refused the same way
+    except Exception as e:
         raise EntryError(
             f"env entry {entry!r}: importing {module_name!r} failed ({type(e).__name__}: {e}); check the "
             "module name and that its directory is on sys.path (or next to the config file)."
@@ -80,7 +85,7 @@ def load_entry(entry: str, options: dict | None = None) -> Callable[[], Any]:
 
     try:
         env = build()
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         raise EntryError(
             f"env entry {entry!r}: calling {attr}(**{options!r}) failed ({type(e).__name__}: {e}); check "
             "env options against the factory's parameters."
@@ -188,3 +193,15 @@ def action_index(env: Any, text: str | None) -> int:
         return list(strings).index(text)
     except ValueError:
         return -1
+
+
+def key_seed(key: Any) -> int:
+    """A PRNG key (typed or raw) as one non-negative int: its key words, low word first."""
+    data = np.asarray(jax.random.key_data(key) if jnp.issubdtype(key.dtype, jax.dtypes.prng_key) else key)
+    return sum(int(w) << (32 * i) for i, w in enumerate(data.astype(np.uint32).ravel()))
+
+
+def seed_key(seed: int) -> jax.Array:
+    """Inverse of `key_seed` for the default key implementation (a raw uint32 key)."""
+    words = jax.random.PRNGKey(0).shape[-1]
+    return jnp.asarray([(int(seed) >> (32 * i)) & 0xFFFFFFFF for i in range(words)], jnp.uint32)
