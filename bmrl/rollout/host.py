@@ -177,13 +177,11 @@ def host_rollout(
         first = stepper.run({b: (lambda b=b: envs[b].reset(seed=seeds[b], options=tasks[b])) for b in range(batch)},
                             -1, is_reset=True)
         obs_toks = [encode(tokenizer, first[b].obs) for b in range(batch)]
-        if max(len(t) for t in obs_toks) > first_widths[-1]:
-            raise RolloutError(
-                f"A first observation of {max(len(t) for t in obs_toks)} tokens does not fit max_len={cfg.max_len} "
-                f"with a reply of {cfg.max_reply_tokens}; raise RolloutConfig.max_len."
-            )
         for b in range(batch):
             rec.reset(b, first[b])
+        too_long = np.array([len(x) > first_widths[-1] for x in obs_toks])  # cannot play: overflow, no turn
+        rec.overflow |= too_long
+        rec.active &= ~too_long
         tok, lens = _pad_obs(obs_toks, first_widths, pad)
         state = prog["start"](params, jnp.asarray(tok), jnp.asarray(lens), keys)
         for t in range(Tm):
