@@ -13,7 +13,8 @@ action list) lets the rollout record action ids.
 User code runs in a thread pool (`Stepper`): an exception, a timeout or a malformed return in one row
 becomes a "tool error: ..." observation for that row (a `Fault`), and the rest of the batch goes on.
 A broken entry point is refused before the run starts (`load_entry`). Seeds: the host hands row b
-`reset(seed=key_seed(its environment key))`, one int; `seed_key` reads it back as a JAX key.
+`reset(seed=key_seed(its environment key))`, one int below 2**64 (seed `random.Random` or
+`numpy.random.default_rng` with it, not the legacy `np.random.seed`); `seed_key` reads it back.
 """
 
 from __future__ import annotations
