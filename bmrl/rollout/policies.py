@@ -230,14 +230,17 @@ class _BoundModel:
         s, _, _ = jax.lax.while_loop(cond, body, (s, decoding, jnp.int32(0)))
         return s
 
-    def parse(self, s: ModelState, env: Env, reply_start: jax.Array) -> tuple[jax.Array, jax.Array]:
-        """The reply written since `reply_start`, without its stop token -> (action id, format_ok)."""
+    def reply(self, s: ModelState, reply_start: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """The reply written since `reply_start`, without its stop token -> (tokens [B, R] padded, length [B])."""
         R, L = self.cfg.max_reply_tokens, self.cfg.max_len
         reply_len = s.n_tok - reply_start - 1
         idx = jnp.clip(reply_start[:, None] + jnp.arange(R)[None, :], 0, L - 1)
         reply = jnp.take_along_axis(s.tokens, idx, axis=1)
-        reply = jnp.where(jnp.arange(R)[None, :] < reply_len[:, None], reply, self.fmt.pad_id)
-        return parse_replies(env, self.fmt, reply, reply_len)
+        return jnp.where(jnp.arange(R)[None, :] < reply_len[:, None], reply, self.fmt.pad_id), reply_len
+
+    def parse(self, s: ModelState, env: Env, reply_start: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """The reply written since `reply_start`, without its stop token -> (action id, format_ok)."""
+        return parse_replies(env, self.fmt, *self.reply(s, reply_start))
 
     def act(self, s: ModelState, env: Env, env_state, t, active):
         reply_start = s.n_tok

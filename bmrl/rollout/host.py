@@ -1,0 +1,291 @@
+"""Python environments (text in, text out) on the engine's compiled model turn, driven from the host.
+
+Per turn, for a batch of rows each with its own environment object (`bmrl.envs.python.protocol`):
+
+    act      one jitted program: every active row decodes its reply into its persistent KV cache
+             (`ModelPolicy.decode_reply`: stop tokens, per-turn limit, sampling) and the format
+             extracts its answer span; nothing before the reply is prefilled again
+    host     answers are decoded to text and handed to the environments, stepped concurrently in a
+             thread pool with a timeout; faults become "tool error: ..." observations (a reply that
+             breaks the reply format has no answer: its environment gets the empty action "")
+    observe  the observation texts are tokenized on the host, padded to one of a few static widths,
+             and one jitted program prefills them at each row's offset (`ModelPolicy.observe`)
+    active = ~done & (turn < caps) & fits       (caps are data: host arrays, never shapes)
+
+One compile per batch shape and observation width. The result is the engine's `Trajectory`, so the
+learner and the evaluator consume it unchanged; `HostRollout.faults` lists what user code broke.
+Keys follow the engine: row keys `row_keys(key, B)`, the model samples from the TOKEN stream, and the
+environment of row b gets `reset(seed=key_seed(fold_in(row_key_b, ENV_STREAM)))`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from bmrl import compiles
+from bmrl.envs.python.protocol import Fault, Stepper, StepResult, action_index, key_seed
+from bmrl.envs.text import INVALID, Observation, encode
+from bmrl.formats import Format
+from bmrl.rollout.policies import ModelPolicy
+from bmrl.rollout.types import (
+    ENV_STREAM,
+    RolloutConfig,
+    RolloutError,
+    Trajectory,
+    check_caps,
+    row_keys,
+    stream,
+)
+
+ON_FAULT = ("observe", "end")
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class HostConfig:
+    """How the host drives Python environments.
+
+    step_timeout_s: a reset or step slower than this is a fault (timeout) for its row.
+    workers: threads stepping environments concurrently.
+    obs_widths: static observation widths (tokens); an observation is padded to the smallest that
+      holds the longest one of its turn (plus `max_len`, the last resort): one compile per width used.
+    on_fault: "observe" (the row sees "tool error: ..." and goes on) or "end" (the row stops there).
+    """
+
+    step_timeout_s: float = 30.0
+    workers: int = 32
+    obs_widths: tuple[int, ...] = (32, 128, 512)
+    on_fault: str = "observe"
+
+    def __post_init__(self) -> None:
+        if self.on_fault not in ON_FAULT:
+            raise ValueError(f"HostConfig.on_fault must be one of {ON_FAULT}, got {self.on_fault!r}.")
+        if self.step_timeout_s <= 0 or self.workers < 1 or not self.obs_widths or min(self.obs_widths) < 1:
+            raise ValueError("HostConfig needs step_timeout_s > 0, workers >= 1 and positive obs_widths.")
+
+
+@dataclasses.dataclass
+class HostRollout:
+    """A host rollout: the Trajectory and the faults of user code (row, turn, kind, message)."""
+
+    trajectory: Trajectory
+    faults: list[Fault]
+
+
+class _Width:
+    """What `ModelPolicy.start/observe` read from an environment: the observation width."""
+
+    def __init__(self, width: int):
+        self.max_obs_len = width
+
+
+def _programs(policy: ModelPolicy) -> dict[str, Callable]:
+    """The jitted start, act, observe and outputs programs of a model policy (cached, counted)."""
+
+    def build() -> dict[str, Callable]:
+        fmt = policy.fmt
+
+        def start(params, obs_tokens, obs_len, keys):
+            return policy.bind(params).start(_Width(obs_tokens.shape[1]), Observation(obs_tokens, obs_len), keys)
+
+        def act(params, s, t, active):
+            bound = policy.bind(params)
+            reply_start = s.n_tok
+            s = bound.decode_reply(s, t, active)
+            reply, reply_len = bound.reply(s, reply_start)
+            answer, answer_len, ok = jax.vmap(fmt.extract_answer)(reply, reply_len)
+            return s, answer, answer_len, ok
+
+        def observe(params, s, obs_tokens, obs_len, t, nxt):
+            bound = policy.bind(params)
+            return bound.observe(s, _Width(obs_tokens.shape[1]), Observation(obs_tokens, obs_len), t, nxt)
+
+        def outputs(params, s):
+            return policy.bind(params).outputs(s)
+
+        return {
+            "start": compiles.counted_jit(start, name="host_start"),
+            "act": compiles.counted_jit(act, name="host_act", donate_argnums=(1,)),
+            "observe": compiles.counted_jit(observe, name="host_observe", donate_argnums=(1,)),
+            "outputs": compiles.counted_jit(outputs, name="host_outputs"),
+        }
+
+    return compiles.program("host_rollout", policy, build)
+
+
+def _widths(hcfg: HostConfig, cfg: RolloutConfig, wrap: int) -> list[int]:
+    """The static observation widths: those of `hcfg` below the most that can still fit the buffer
+    (`max_len` less the `wrap` tokens around an observation and one reply), and that most."""
+    most = cfg.max_len - wrap - cfg.max_reply_tokens
+    if most < 1:
+        raise RolloutError(f"max_len={cfg.max_len} leaves no room for an observation; raise RolloutConfig.max_len.")
+    return sorted({w for w in hcfg.obs_widths if w < most} | {most})
+
+
+def _pad_obs(token_lists: Sequence[list[int]], widths: list[int], pad: int) -> tuple[np.ndarray, np.ndarray]:
+    """Rows' observation tokens -> ([B, W] at the smallest static width W holding them, lengths [B])."""
+    longest = max((len(t) for t in token_lists), default=0)
+    width = next((w for w in widths if w >= longest), widths[-1])
+    out = np.full((len(token_lists), width), pad, np.int32)
+    lens = np.zeros((len(token_lists),), np.int32)
+    for b, toks in enumerate(token_lists):
+        toks = toks[:width]
+        out[b, : len(toks)] = toks
+        lens[b] = len(toks)
+    return out, lens
+
+
+def host_rollout(
+    policy: nnx.Module,
+    envs: Sequence[Any],
+    tokenizer,
+    caps: Any,
+    key: jax.Array,
+    cfg: RolloutConfig,
+    fmt: Format,
+    tasks: Sequence[dict | None] | None = None,
+    hcfg: HostConfig = HostConfig(),
+) -> HostRollout:
+    """Play one batch of Python environments (one object per row) with a model, per-row turn caps.
+
+    tasks: row b's task is passed to `envs[b].reset(seed=..., options=tasks[b])`. caps: int[B] in
+    [1, max_turns]. key: one PRNG key or one per row (as `bmrl.rollout.rollout`).
+    """
+    caps = np.asarray(caps)
+    check_caps(caps, cfg)
+    batch, Tm, pad = caps.shape[0], cfg.max_turns, fmt.pad_id
+    if len(envs) != batch or (tasks is not None and len(tasks) != batch):
+        raise RolloutError(f"host_rollout needs one environment (and task) per row: {batch} caps, {len(envs)} envs.")
+    tasks = list(tasks) if tasks is not None else [None] * batch
+    graphdef, params = nnx.split(policy)
+    prog = _programs(ModelPolicy(graphdef, fmt, cfg))
+    widths = _widths(hcfg, cfg, fmt.turn_chunk_len(0))
+    first_widths = _widths(hcfg, cfg, fmt.first_chunk_len(0))
+    keys = row_keys(key, batch)
+    seeds = [key_seed(k) for k in stream(keys, ENV_STREAM)]
+    stepper = Stepper(min(hcfg.workers, batch), hcfg.step_timeout_s)
+    rec = _Records(batch, Tm, caps)
+    try:
+        first = stepper.run({b: (lambda b=b: envs[b].reset(seed=seeds[b], options=tasks[b])) for b in range(batch)},
+                            -1, is_reset=True)
+        obs_toks = [encode(tokenizer, first[b].obs) for b in range(batch)]
+        for b in range(batch):
+            rec.reset(b, first[b])
+        too_long = np.array([len(x) > first_widths[-1] for x in obs_toks])  # cannot play: overflow, no turn
+        rec.overflow |= too_long
+        rec.active &= ~too_long
+        tok, lens = _pad_obs(obs_toks, first_widths, pad)
+        state = prog["start"](params, jnp.asarray(tok), jnp.asarray(lens), keys)
+        for t in range(Tm):
+            active = rec.active.copy()
+            if not active.any():
+                break
+            state, answer, answer_len, ok = prog["act"](params, state, jnp.int32(t), jnp.asarray(active))
+            answer, answer_len, ok = jax.device_get((answer, answer_len, ok))
+            rows = np.flatnonzero(active)
+            texts = {int(b): tokenizer.decode([int(x) for x in answer[b, : answer_len[b]]]) if ok[b] else "" for b in rows}
+            results = stepper.run({b: (lambda b=b, a=a: envs[b].step(a)) for b, a in texts.items()}, t)
+            nxt = np.zeros((batch,), bool)
+            obs_toks = [[] for _ in range(batch)]
+            for b, text in texts.items():
+                nxt[b] = rec.turn(b, t, results[b], envs[b], text, bool(ok[b]), cfg.format_reward, hcfg)
+                if nxt[b]:
+                    obs_toks[b] = encode(tokenizer, results[b].obs)
+            too_long = np.array([len(x) > widths[-1] for x in obs_toks])
+            rec.overflow |= nxt & too_long
+            nxt &= ~too_long
+            tok, lens = _pad_obs(obs_toks, widths, pad)
+            state, fits = prog["observe"](params, state, jnp.asarray(tok), jnp.asarray(lens), jnp.int32(t), jnp.asarray(nxt))
+            fits = np.asarray(fits)
+            rec.overflow |= nxt & ~fits
+            rec.active = nxt & fits
+        out = prog["outputs"](params, state)
+    finally:
+        stepper.close()
+    for f in rec.faults:
+        log.warning("env fault in row %d (task %r), turn %d: %s: %s", f.row, tasks[f.row], f.turn, f.kind, f.message)
+    return HostRollout(rec.trajectory(out, caps), rec.faults)
+
+
+class _Records:
+    """Host-side per-row records of a batch (numpy), laid out as the engine's `Turns` and flags."""
+
+    def __init__(self, batch: int, max_turns: int, caps: np.ndarray):
+        none = np.full((batch, max_turns), INVALID, np.int32)
+        false = np.zeros((batch, max_turns), bool)
+        self.caps, self.Tm = caps.astype(np.int32), max_turns
+        self.action, self.oracle_action = none.copy(), none.copy()
+        self.reward = np.zeros((batch, max_turns), np.float32)
+        self.error, self.invalid, self.format_error, self.turn_active = false.copy(), false.copy(), false.copy(), false.copy()
+        self.progress = np.zeros((batch, max_turns + 1), np.float32)
+        self.turns_used = np.zeros((batch,), np.int32)
+        self.first_success_turn = np.zeros((batch,), np.int32)
+        self.success, self.terminated, self.env_truncated, self.overflow = (np.zeros((batch,), bool) for _ in range(4))
+        self.active = np.ones((batch,), bool)
+        self.faults: list[Fault] = []
+
+    def reset(self, b: int, r: StepResult) -> None:
+        self.progress[b, 0] = _progress(r.info, 0.0)
+        if r.fault is not None:  # no first observation: the row cannot play
+            self.faults.append(r.fault)
+            self.active[b] = False
+
+    def turn(self, b: int, t: int, r: StepResult, env: Any, text: str, format_ok: bool, format_reward: float,
+             hcfg: HostConfig) -> bool:
+        """Record row b's turn t; returns whether the row goes on."""
+        info = r.info
+        act = action_index(env, text) if format_ok else INVALID
+        self.action[b, t] = act
+        self.reward[b, t] = r.reward + (0.0 if format_ok else format_reward)
+        has_list = bool(getattr(env, "action_strings", None))
+        self.invalid[b, t] = bool(info.get("invalid", has_list and act == INVALID))
+        self.error[b, t] = bool(info.get("error", False)) or r.fault is not None
+        self.format_error[b, t] = not format_ok
+        self.oracle_action[b, t] = action_index(env, info.get("oracle_action"))
+        self.turn_active[b, t] = True
+        self.progress[b, t + 1] = _progress(info, self.progress[b, t])
+        self.turns_used[b] += 1
+        won = bool(info.get("success", False)) and r.fault is None
+        if won and not self.success[b]:
+            self.first_success_turn[b] = t + 1
+        self.success[b] |= won
+        self.terminated[b] |= r.terminated
+        self.env_truncated[b] |= r.truncated
+        if r.fault is not None:
+            self.faults.append(r.fault)
+            if hcfg.on_fault == "end":
+                return False
+        return not (r.terminated or r.truncated or won) and t + 1 < self.caps[b]
+
+    def trajectory(self, out: dict, caps: np.ndarray) -> Trajectory:
+        last = np.minimum(np.arange(self.Tm + 1)[None, :], self.turns_used[:, None])
+        progress = np.take_along_axis(self.progress, last, axis=1)
+        done = self.terminated | self.success
+        truncated = ~done & ~self.overflow & ((self.turns_used >= caps) | self.env_truncated)
+        j = jnp.asarray
+        return Trajectory(
+            **out, action=j(self.action), reward=j(self.reward), error=j(self.error), invalid=j(self.invalid),
+            format_error=j(self.format_error), injected=j(np.zeros_like(self.error)),
+            oracle_action=j(self.oracle_action), progress=j(progress), turn_active=j(self.turn_active),
+            caps=j(self.caps), turns_used=j(self.turns_used), success=j(self.success),
+            first_success_turn=j(self.first_success_turn), terminated=j(done), truncated=j(truncated),
+            overflow=j(self.overflow),
+        )
+
+
+def _progress(info: dict, default: float) -> float:
+    try:
+        return float(info.get("progress", default))
+    except (TypeError, ValueError):
+        return default
+
+
+__all__ = ["HostConfig", "HostRollout", "host_rollout"]

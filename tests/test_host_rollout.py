@@ -1,0 +1,155 @@
+"""Python environments on the compiled model turn (`bmrl.rollout.host`): token-identical to the
+compiled engine on a wrapped JAX environment, caps as data, one compile, faults confined to their row."""
+
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from bmrl import compiles
+from bmrl.envs import make
+from bmrl.envs.python.jax_env import JaxAsPython
+from bmrl.rollout import RolloutConfig, default_format, rollout
+from bmrl.rollout.host import HostConfig, host_rollout
+from bmrl.sampling import SamplingConfig
+from tests.rollout_helpers import steered_policy
+
+FIELDS = (
+    "tokens", "length", "loss_mask", "turn_of_token", "action", "reward", "error", "invalid", "format_error",
+    "oracle_action", "progress", "turn_active", "caps", "turns_used", "success",
+    "first_success_turn", "terminated", "truncated", "overflow",
+)
+CAPS = np.array([1, 3, 6, 5, 2, 6, 6, 4], np.int32)
+SEEDS = np.arange(8, dtype=np.int32) + 11
+
+
+@pytest.fixture(scope="module")
+def setup(tiny_tokenizer):
+    env = make("corridor", tiny_tokenizer, length=4, eps=0.3)
+    fmt = default_format(env)
+    policy = steered_policy(env, fmt, seed=1, scale=3.0)
+    cfg = RolloutConfig(max_turns=8, max_reply_tokens=6, max_len=768, sampling=SamplingConfig(temperature=1.0))
+    return env, fmt, policy, cfg
+
+
+def _host(setup, caps=CAPS, key=3, wrap=JaxAsPython, hcfg=None):
+    env, fmt, policy, cfg = setup
+    envs = [wrap(env, b) if wrap is not JaxAsPython else wrap(env) for b in range(len(caps))]
+    tasks = [{"seed": int(s)} for s in SEEDS[: len(caps)]]
+    return host_rollout(policy, envs, env.tokenizer, caps, jax.random.PRNGKey(key), cfg, fmt, tasks=tasks, hcfg=hcfg or HostConfig())
+
+
+@pytest.fixture(scope="module")
+def clean(setup):
+    return _host(setup)
+
+
+def _rows(traj, rows):
+    return {f: np.asarray(getattr(traj, f))[rows] for f in FIELDS + ("logprobs",)}
+
+
+def test_python_path_equals_compiled_path(setup, clean):
+    """Same keys and caps: the wrapped corridor played from the host is the compiled rollout, token for token."""
+    env, _, policy, cfg = setup
+    ref = rollout(policy, env, {"seed": jnp.asarray(SEEDS)}, jnp.asarray(CAPS), jax.random.PRNGKey(3), cfg)
+    got = clean.trajectory
+    assert clean.faults == []
+    for f in FIELDS:
+        np.testing.assert_array_equal(np.asarray(getattr(got, f)), np.asarray(getattr(ref, f)), err_msg=f)
+    np.testing.assert_allclose(np.asarray(got.logprobs), np.asarray(ref.logprobs), atol=1e-4)
+    act = np.asarray(ref.action)[np.asarray(ref.turn_active)]
+    assert {0, 1} <= set(act.tolist()), "the sampled policy should move both ways"
+    assert np.asarray(ref.success).any() and not np.asarray(ref.success).all()
+
+
+def test_caps_hold_with_one_compile(setup, clean):
+    """Three cap draws, one program each for start/act/observe: caps are host data, never shapes."""
+    names = ("host_start", "host_act", "host_observe", "host_outputs")
+    before = {n: compiles.counts().get(n, 0) for n in names}
+    rng = np.random.default_rng(0)
+    for draw in range(3):
+        caps = rng.integers(1, 9, size=8).astype(np.int32)
+        traj = _host(setup, caps=caps, key=10 + draw).trajectory
+        used, active = np.asarray(traj.turns_used), np.asarray(traj.turn_active)
+        assert (used <= caps).all() and (active.sum(1) == used).all()
+        assert not active[np.arange(8)[None, :] >= caps[:, None]].any()
+        trunc = np.asarray(traj.truncated)
+        assert (used[trunc] == caps[trunc]).all()
+        assert (~trunc == (np.asarray(traj.success) | np.asarray(traj.terminated))).all()
+    assert {n: compiles.counts().get(n, 0) for n in names} == before
+
+
+class RaiseOnThird(JaxAsPython):
+    """Row 2's environment raises on its third step."""
+
+    def __init__(self, env, row):
+        super().__init__(env)
+        self.row = row
+
+    def step(self, action):
+        if self.row == 2 and self._t == 2:
+            self._t += 1  # the failed step still consumes its key, as any later turn of the row
+            raise ZeroDivisionError("boom")
+        return super().step(action)
+
+
+def test_fault_stays_in_its_row(setup, clean):
+    """An exception in one row becomes its error observation; every other row is unchanged."""
+    got = _host(setup, wrap=RaiseOnThird)
+    assert [(f.row, f.turn, f.kind) for f in got.faults] == [(2, 2, "exception")]
+    others = [0, 1, 3, 4, 5, 6, 7]
+    a, b = _rows(got.trajectory, others), _rows(clean.trajectory, others)
+    for f in a:
+        np.testing.assert_array_equal(a[f], b[f], err_msg=f)
+    t = got.trajectory
+    assert bool(t.error[2, 2]) and int(t.turns_used[2]) > 3  # the row saw the error and went on
+    text = setup[0].tokenizer.decode(np.asarray(t.tokens[2, : int(t.length[2])]).tolist())
+    assert "tool error: ZeroDivisionError: boom" in text
+
+
+class SlowOrBroken(JaxAsPython):
+    """Row 1 sleeps past the timeout on its first step; row 3 returns a non-string observation."""
+
+    def __init__(self, env, row):
+        super().__init__(env)
+        self.row = row
+
+    def step(self, action):
+        out = super().step(action)
+        if self.row == 1 and self._t == 1:
+            time.sleep(1.0)
+        if self.row == 3:
+            return (123,) + out[1:]
+        return out
+
+
+def test_timeouts_and_bad_returns_are_counted(setup, clean):
+    got = _host(setup, wrap=SlowOrBroken, hcfg=HostConfig(step_timeout_s=0.3, on_fault="end"))
+    kinds = {(f.row, f.turn, f.kind) for f in got.faults}
+    assert (1, 0, "timeout") in kinds and (3, 0, "bad_return") in kinds and len(kinds) == 2
+    t = got.trajectory
+    assert np.asarray(t.turns_used)[[1, 3]].tolist() == [1, 1]  # on_fault="end" stops those rows
+    assert bool(t.error[1, 0]) and bool(t.error[3, 0])
+    others = [0, 2, 4, 5, 6, 7]
+    a, b = _rows(t, others), _rows(clean.trajectory, others)
+    for f in a:
+        np.testing.assert_array_equal(a[f], b[f], err_msg=f)
+
+
+def test_tool_env_from_an_entry_point_runs(setup):
+    """A Python-only environment (free-form string actions, longer observations) through the same turn:
+    no action list means action ids are INVALID, tool errors are the env's own, not faults."""
+    from bmrl.envs.python import load_entry
+
+    env, fmt, policy, cfg = setup
+    build = load_entry("bmrl.envs.python.tools:ToolUse", {"k": 2})
+    caps = np.array([2, 4, 3, 4], np.int32)
+    got = host_rollout(policy, [build() for _ in caps], env.tokenizer, caps, jax.random.PRNGKey(0), cfg, fmt)
+    t = got.trajectory
+    assert got.faults == [] and (np.asarray(t.turns_used) == caps).all()  # nobody solves it: capped
+    assert (np.asarray(t.action) == -1).all() and np.asarray(t.error)[np.asarray(t.turn_active)].all()
+    text = env.tokenizer.decode(np.asarray(t.tokens[0, : int(t.length[0])]).tolist())
+    assert "Task:" in text and "tool error: unknown action" in text
+    assert (np.asarray(t.loss_mask).sum(1) > 0).all()
