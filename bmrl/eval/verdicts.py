@@ -150,7 +150,7 @@ def f3_verdict(mix_minus: Mapping[str, Mapping[str, Any]]) -> Verdict:
     else:
         verdict = "inconclusive"
     parts = [f"against {b}: " + ", ".join(f"{m} {_fmt(_rec(e))}" for m, e in ms.items()) for b, ms in mix_minus.items()]
-    return Verdict("F3", verdict, RULES["F3"], "BudgetMix minus " + "; ".join(parts),
+    return Verdict("F3", verdict, RULES["F3"], "BudgetMix minus each fixed budget, " + "; ".join(parts),
                    {k: e.to_dict() for k, e in recs.items()})
 
 
