@@ -9,6 +9,8 @@ evaluator on the slippery corridor (paired: same tasks, same keys).
   against the oracle is `opposite`; a policy against itself is `inconclusive`.
 """
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -87,3 +89,38 @@ def test_budgetmix_controls(results):
     same = _f3(results, "eps0.1", ["eps0.1"])
     assert same.verdict == "inconclusive", same.reason
     assert set(same.intervals) == {"eps0.1/min_pass1", "eps0.1/min_pass4", "eps0.1/area"}
+
+
+# ---- the command line ----------------------------------------------------------------------------
+
+CONFIG = str(Path(__file__).resolve().parents[1] / "configs" / "corridor_tiny.yaml")
+SMALL = ["eval.num_tasks=12", "eval.attempts=4", "eval.ks=[1,4]", "eval.bootstrap=100"]
+
+
+def test_compare_cli_writes_verdicts(tmp_path, capsys):
+    import json
+
+    from bmrl.cli import main
+
+    out = tmp_path / "cmp"
+    rc = main(["compare", "--config", CONFIG, "--base", "scripted:noisy_oracle:eps=0.2",
+               "--trained", "scripted:noisy_oracle:eps=0.2", "--out", str(out), *SMALL])
+    assert rc == 0
+    s = json.loads((out / "summary.json").read_text())
+    assert s["findings"]["F1"]["verdict"] == "inconclusive" and s["findings"]["F2"]["verdict"] == "inconclusive"
+    assert s["findings"]["F2"]["intervals"]["recovery_minus_clean"]["upper"] == 0.0
+    report = (out / "report.md").read_text()
+    assert "| F2 | inconclusive |" in report and "What Does Multi-Turn Reinforcement Learning" in report
+
+
+@pytest.mark.parametrize("spec, msg", [
+    ("scripted:noisy_oracle", "needs eps"), ("scripted:noisy_oracle:eps=0.1,temp=2", "allowed: eps, repair"),
+    ("scripted:greedy", "unknown"), ("scripted:noisy_oracle:eps=x", "not a number"), ("/nonexistent/dir", "neither"),
+    ("scripted:noisy_oracle:eps=0.1,repair=2", "repair must be a probability"),
+])
+def test_compare_cli_bad_spec_exits_2(tmp_path, capsys, spec, msg):
+    from bmrl.cli import main
+
+    rc = main(["compare", "--config", CONFIG, "--base", "scripted:oracle", "--trained", spec,
+               "--out", str(tmp_path), *SMALL])
+    assert rc == 2 and msg in capsys.readouterr().err

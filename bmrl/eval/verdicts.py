@@ -29,8 +29,9 @@ STUDY = "What Does Multi-Turn Reinforcement Learning Really Improve in LLM Agent
 RULES = {
     "F1": ("G = (RL - base Pass@(1,T) at the largest T) - (the same at the smallest T), per task. "
            "as_study if G's interval is above 0; opposite if below 0; else inconclusive."),
-    "F2": ("Per task: dRec = change (RL - base) of accuracy P(action = oracle) in the state right after an "
-           "error, dClean = its change in clean states (no earlier error), D = dRec - dClean. as_study if D's "
+    "F2": ("dRec = change (RL - base) of accuracy P(action = oracle) in the state right after an error, "
+           "dClean = its change in clean states (no earlier error in the attempt), D = dRec - dClean; accuracies "
+           "pool all such states of all tasks, intervals resample tasks. as_study if D's "
            "interval is above 0 and dClean's interval is not above 0 (clean decisions did not improve "
            "significantly); opposite if D's interval is below 0, or dClean's interval is above 0 and D's "
            "interval is not above 0 (the gain is in clean decisions); else inconclusive."),
@@ -250,6 +251,8 @@ def compare_findings(base, trained, *, groups=None, num_resamples: int = 1000, c
             f"compare needs both evaluations on the same tasks and T grid with K=1: base {base.num_tasks} tasks, "
             f"ts={list(base.ts)}, ks={list(base.ks)}; trained {trained.num_tasks} tasks, ts={list(trained.ts)}, ks={list(trained.ks)}."
         )
+    if num_resamples < 10:
+        raise ValueError(f"verdicts need intervals: num_resamples must be >= 10, got {num_resamples}.")
     boot = dict(groups=groups, num_resamples=num_resamples, confidence=confidence)
     f1 = f1_intervals(base.per_task[:, base.ks.index(1), :], trained.per_task[:, trained.ks.index(1), :], **boot)
     f2 = f2_intervals(base.episodes, trained.episodes, **boot)
