@@ -63,6 +63,7 @@ def test_repair_after_errors_reads_as_recovery(results):
     assert iv["trained_recovery_accuracy"]["mean"] == 1.0
     assert abs(iv["base_recovery_accuracy"]["mean"] - 0.8) < 0.05
     assert iv["recovery_minus_clean"]["lower"] > 0.1
+    assert f["F2"]["shared_states"]["post_error"] >= 100 and f["F2"]["shared_states"]["clean"] >= 500
 
 
 @pytest.mark.parametrize("name", ["oracle", "eps0.2"])

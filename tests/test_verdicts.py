@@ -4,7 +4,8 @@ numbers computed by hand, the clean / post-error accuracy counts, and the repair
 import numpy as np
 import pytest
 
-from bmrl.eval.decompose import Episodes, Estimate, state_accuracy_counts
+from bmrl.eval.decompose import Episodes, Estimate
+from bmrl.eval.states import paired_state_counts, state_accuracy_counts
 from bmrl.eval.verdicts import (
     RULES, VERDICTS, f1_intervals, f1_verdict, f2_intervals, f2_verdict, f3_intervals, f3_verdict,
 )
@@ -106,6 +107,24 @@ def test_state_accuracy_counts_by_hand():
     # decision errors only: the slip is not an error, so row 1 is clean up to its wrong turn 3
     d = state_accuracy_counts(_episodes(), "decision")
     assert {k: int(v[0]) for k, v in d.items()} == {"clean": 5, "clean_right": 3, "post_error": 1, "post_error_right": 1}
+
+
+def test_paired_state_counts_by_hand():
+    a = _episodes()
+    action = a.action.copy()
+    action[0, 1] = 1  # b: row 0 never errs
+    b = Episodes(**{n: getattr(a, n) for n in Episodes.FIELDS if n != "action"}, action=action, num_tasks=1, attempts=2)
+    c = paired_state_counts(a, b)
+    # shared clean: turns 1-2 of both rows (a is wrong at row 0 turn 2); shared post-error: row 1 turn 3 only
+    # (row 0: only a erred). Both are wrong at row 1 turn 3.
+    assert {k: int(v[0]) for k, v in c.items()} == {
+        "clean": 4, "post_error": 1, "clean_right_a": 3, "clean_right_b": 4, "post_error_right_a": 0, "post_error_right_b": 0}
+    oracle = a.oracle_action.copy()
+    oracle[0, 0] = 0
+    other = Episodes(**{n: getattr(a, n) for n in Episodes.FIELDS if n != "oracle_action"}, oracle_action=oracle,
+                     num_tasks=1, attempts=2)
+    with pytest.raises(ValueError, match="same tasks with the same keys"):
+        paired_state_counts(a, other)
 
 
 def test_f2_intervals_ratio_of_sums_and_self_pairing():

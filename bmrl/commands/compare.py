@@ -149,7 +149,7 @@ INTERVAL = "95% bootstrap interval over tasks, paired (both policies on the same
 def report(findings: dict, results: dict, settings: dict) -> str:
     """report.md: settings, the verdicts with their intervals and rules, and both policies' measures."""
     from bmrl.eval import markdown
-    from bmrl.eval.decompose import state_accuracy_counts
+    from bmrl.eval.states import state_accuracy_counts
     from bmrl.eval.verdicts import STUDY
 
     def iv(d):
@@ -159,7 +159,9 @@ def report(findings: dict, results: dict, settings: dict) -> str:
              iv(findings["F1"]["intervals"]["gain_large_minus_small"])],
             ["F2", findings["F2"]["verdict"], "dRec - dClean (post-error minus clean-state accuracy change)",
              iv(findings["F2"]["intervals"]["recovery_minus_clean"])],
-            ["F2", "", "dClean (clean-state accuracy change)", iv(findings["F2"]["intervals"]["delta_clean_accuracy"])]]
+            ["F2", "", "dClean (clean-state accuracy change)", iv(findings["F2"]["intervals"]["delta_clean_accuracy"])],
+            ["F2", "", "dRec (post-error accuracy change)", iv(findings["F2"]["intervals"]["delta_recovery_accuracy"])]]
+    shared = findings["F2"]["shared_states"]
     ts = results["base"].ts
     head = ["policy"] + [f"P@(1,{t})" for t in ts] + ["clean-state acc", "post-error acc", "errors per turn"]
     prow = []
@@ -173,6 +175,8 @@ def report(findings: dict, results: dict, settings: dict) -> str:
         f"The findings of the study \"{STUDY}\" (F1, F2) tested between two policies. Intervals: {INTERVAL}.", "",
         markdown.key_values(settings), "", "## Verdicts", "",
         markdown.table(["finding", "verdict", "statistic", "mean [95% interval]"], rows), "",
+        f"F2 compares the two policies on the states both met: {shared['clean']} clean states and "
+        f"{shared['post_error']} states right after a first error.", "",
         *[f"- {findings[k]['sentence']}" for k in ("F1", "F2")], "", "## Rules", "",
         *[f"- {k}: {findings[k]['rule']}" for k in ("F1", "F2")], "", "## Policies", "",
         markdown.table(head, prow), "",

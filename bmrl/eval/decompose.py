@@ -157,25 +157,6 @@ def decision_accuracy_per_task(ep: Episodes) -> np.ndarray:
     return _ratio(ep.per_task(right).sum((1, 2)), ep.per_task(acted).sum((1, 2)))
 
 
-def state_accuracy_counts(ep: Episodes, kind: str = "any") -> dict[str, np.ndarray]:
-    """Per task (int [num_tasks]): the policy's own actions in clean states (no error at any earlier
-    turn of the attempt: on the oracle's path) and in the state right after an error (the previous
-    turn was an error of `kind`, injected or its own), and how many of each were the oracle's action:
-    {"clean", "clean_right", "post_error", "post_error_right"}. Accuracy in a kind of state is the
-    ratio of sums over tasks (every state weighs the same; a per-task ratio would be biased with few
-    attempts, since an attempt's clean run ends at its first error). A memoryless policy has the
-    same accuracy in both kinds."""
-    acted = ep.turn_active & ~ep.injected
-    right = acted & (ep.action == ep.oracle_action) & ~ep.invalid
-    err = ep.errors(kind)
-    before = np.cumsum(err, axis=1) - err  # errors at earlier turns
-    clean = acted & (before == 0)
-    post = acted & np.pad(err, ((0, 0), (1, 0)))[:, :-1]
-    count = lambda m: ep.per_task(m).sum((1, 2))  # noqa: E731
-    return {"clean": count(clean), "clean_right": count(right & clean), "post_error": count(post),
-            "post_error_right": count(right & post)}
-
-
 def recovery_per_task(ep: Episodes, kind: str = "any") -> tuple[np.ndarray, np.ndarray]:
     """(by_turn [num_tasks, Tm], pooled [num_tasks]): P(success | first error at turn t+1) per task,
     and P(success | any error); NaN where the task had no such attempt."""

@@ -21,7 +21,8 @@ from typing import Any
 import numpy as np
 
 from bmrl.eval.bootstrap import MIN_UNITS_FOR_SIGNIFICANCE, bootstrap_mean, bootstrap_stat
-from bmrl.eval.decompose import Estimate, state_accuracy_counts
+from bmrl.eval.decompose import Estimate
+from bmrl.eval.states import paired_state_counts, state_accuracy_counts
 
 VERDICTS = ("as_study", "opposite", "inconclusive")
 STUDY = "What Does Multi-Turn Reinforcement Learning Really Improve in LLM Agents?"
@@ -29,9 +30,10 @@ STUDY = "What Does Multi-Turn Reinforcement Learning Really Improve in LLM Agent
 RULES = {
     "F1": ("G = (RL - base Pass@(1,T) at the largest T) - (the same at the smallest T), per task. "
            "as_study if G's interval is above 0; opposite if below 0; else inconclusive."),
-    "F2": ("dRec = change (RL - base) of accuracy P(action = oracle) in the state right after an error, "
-           "dClean = its change in clean states (no earlier error in the attempt), D = dRec - dClean; accuracies "
-           "pool all such states of all tasks, intervals resample tasks. as_study if D's "
+    "F2": ("dRec = change (RL - base) of accuracy P(action = oracle) in the states right after a first error, "
+           "dClean = its change in clean states (no earlier error in the attempt), both on the states the two "
+           "policies shared (same tasks and keys), pooled over tasks; D = dRec - dClean; intervals resample "
+           "tasks. as_study if D's "
            "interval is above 0 and dClean's interval is not above 0 (clean decisions did not improve "
            "significantly); opposite if D's interval is below 0, or dClean's interval is above 0 and D's "
            "interval is not above 0 (the gain is in clean decisions); else inconclusive."),
@@ -130,8 +132,8 @@ def f2_verdict(delta_recovery: Any, delta_clean: Any, difference: Any) -> Verdic
         verdict, why = "inconclusive", "both improved: D's interval is above 0 but so is dClean's"
     else:
         verdict, why = "inconclusive", "D's interval includes 0 and dClean's is not above 0"
-    reason = (f"post-error accuracy changed by {_fmt(dr)}, clean-state accuracy by {_fmt(dc)}, their difference "
-              f"D = {_fmt(d)}; {why}")
+    reason = (f"on the states both policies met, accuracy right after an error changed by {_fmt(dr)}, in clean "
+              f"states by {_fmt(dc)}, their difference D = {_fmt(d)}; {why}")
     return Verdict("F2", verdict, RULES["F2"], reason, {k: e.to_dict() for k, e in recs.items()})
 
 
@@ -190,25 +192,32 @@ F2_MEASURES = ("base_clean_accuracy", "trained_clean_accuracy", "base_recovery_a
 
 def f2_intervals(base_episodes, trained_episodes, *, groups=None, errors: str = "any", key: int = 1,
                  num_resamples: int = 1000, confidence: float = 0.95) -> dict[str, Estimate]:
-    """`Episodes` of both policies on the same tasks -> intervals (F2_MEASURES) of the clean and
-    post-error accuracies (ratios of sums over states), their paired changes and D = dRec - dClean.
-    Resampled units are tasks (two-level with `groups`); `num_tasks` counts the tasks where both
-    policies met both kinds of state (the guard against too few)."""
+    """`Episodes` of both policies on the same tasks and keys -> intervals (F2_MEASURES).
+
+    The changes are paired on the same states (`bmrl.eval.states.paired_state_counts`): dClean over
+    the clean states both met, dRec over the post-error states both met; each accuracy pools all such
+    states of all tasks (a ratio of sums), D = dRec - dClean. The `base_*`/`trained_*` levels are each
+    policy's own (on-policy) accuracies. Resampled units are tasks (two-level with `groups`);
+    `num_tasks` counts the tasks with both kinds of shared state (the guard against too few)."""
     if base_episodes.num_tasks != trained_episodes.num_tasks:
         raise ValueError(f"F2 pairs tasks: base has {base_episodes.num_tasks}, trained {trained_episodes.num_tasks}.")
-    b, t = state_accuracy_counts(base_episodes, errors), state_accuracy_counts(trained_episodes, errors)
-    order = ("clean_right", "clean", "post_error_right", "post_error")
-    counts = np.stack([c[k] for c in (b, t) for k in order], axis=1).astype(np.float64)  # [N, 8]
-    n = int(((counts[:, [1, 3, 5, 7]] > 0).all(1)).sum())
-    if counts[:, [1, 3, 5, 7]].sum(0).min() == 0:
+    p = paired_state_counts(base_episodes, trained_episodes, errors)
+    ob, ot = state_accuracy_counts(base_episodes, errors), state_accuracy_counts(trained_episodes, errors)
+    cols = [p["clean_right_a"], p["clean_right_b"], p["clean"], p["post_error_right_a"], p["post_error_right_b"],
+            p["post_error"], ob["clean_right"], ob["clean"], ot["clean_right"], ot["clean"], ob["post_error_right"],
+            ob["post_error"], ot["post_error_right"], ot["post_error"]]
+    counts = np.stack(cols, axis=1).astype(np.float64)  # [N, 14]
+    n = int(((p["clean"] > 0) & (p["post_error"] > 0)).sum())
+    if counts[:, [2, 5]].sum(0).min() == 0:
         nan = Estimate(float("nan"), float("nan"), float("nan"), 0)
         return {m: nan for m in F2_MEASURES}
 
     def stat(c):
         s = c.sum(0)
         with np.errstate(invalid="ignore", divide="ignore"):
-            bc, br, tc, tr = s[0] / s[1], s[2] / s[3], s[4] / s[5], s[6] / s[7]
-        return np.array([bc, tc, br, tr, tc - bc, tr - br, (tr - br) - (tc - bc)])
+            dc = (s[1] - s[0]) / s[2]
+            dr = (s[4] - s[3]) / s[5]
+            return np.array([s[6] / s[7], s[8] / s[9], s[10] / s[11], s[12] / s[13], dc, dr, dr - dc])
 
     m, lo, hi = bootstrap_stat(stat, counts, groups=groups, key=key, num_resamples=num_resamples, confidence=confidence)
     return {name: Estimate(float(m[i]), float(lo[i]), float(hi[i]), n) for i, name in enumerate(F2_MEASURES)}
@@ -261,4 +270,6 @@ def compare_findings(base, trained, *, groups=None, num_resamples: int = 1000, c
                   (f2_verdict(f2["delta_recovery_accuracy"], f2["delta_clean_accuracy"], f2["recovery_minus_clean"]), f2)):
         out[v.finding] = {**v.to_dict(), "sentence": v.sentence(), "intervals": {k: e.to_dict() for k, e in iv.items()}}
     out["F1"]["T_small"], out["F1"]["T_large"] = int(base.ts[0]), int(base.ts[-1])
+    shared = paired_state_counts(base.episodes, trained.episodes)
+    out["F2"]["shared_states"] = {"clean": int(shared["clean"].sum()), "post_error": int(shared["post_error"].sum())}
     return out
