@@ -85,6 +85,18 @@ def test_f1_intervals_are_paired_differences_of_gains():
         f1_intervals(base, base[:, :2])
 
 
+def test_f1_intervals_two_level_over_seeds_is_wider():
+    """Two training seeds whose gains differ: resampling seeds then tasks adds the seed-to-seed spread."""
+    rng = np.random.default_rng(2)
+    base = rng.uniform(size=(40, 2))
+    trained = base + np.where(np.arange(40)[:, None] < 20, [0.0, 0.05], [0.0, 0.25]) + rng.normal(0, 0.02, (40, 2))
+    seeds = np.repeat([0, 1], 20)
+    one = f1_intervals(base, trained, num_resamples=400)["gain_large_minus_small"]
+    two = f1_intervals(base, trained, groups=seeds, num_resamples=400)["gain_large_minus_small"]
+    assert one.mean == pytest.approx(two.mean)
+    assert (two.upper - two.lower) > 3 * (one.upper - one.lower)
+
+
 def _episodes():
     """1 task x 2 attempts, Tm = 4 (oracle action 1 everywhere; action 0 is wrong).
 

@@ -7,6 +7,7 @@ of data passed into the compiled episode. `policy.bind(params)` inside the trace
     act(state, env, env_state, t, active) -> (state, action int32[B], format_ok bool[B])
     observe(state, obs, t, nxt) -> (state, fits bool[B])   # the next observation, for rows going on
     outputs(state) -> dict of token arrays    # tokens, length, loss_mask, logprobs, turn_of_token
+    after_step(state, action, info, active) -> state   # optional: sees the step's action and StepInfo
 
 - `ModelPolicy`: a language model. Acting = decode a reply into the KV cache until a stop token or
   the per-turn limit, then parse it into an action id in tokens; observing = prefill the reply's
