@@ -76,6 +76,18 @@ def test_a_policy_against_itself_is_inconclusive(results, name):
     assert d["num_tasks"] >= 10  # the oracle slips too: post-error states exist, the verdict is not for lack of them
 
 
+def test_findings_over_several_seeds(results):
+    """One evaluation pair per training seed: pooled tasks, intervals over seeds then tasks."""
+    one = _f(results, "eps0.2", "eps0.2_repair1")
+    two = compare_findings([results["eps0.2"], results["eps0.3"]], [results["eps0.2_repair1"], results["eps0.1"]],
+                           num_resamples=500)
+    assert two["F2"]["seeds"] == 2 and two["F2"]["intervals"]["recovery_minus_clean"]["num_tasks"] > 32
+    both = _f(results, "eps0.3", "eps0.1")["F2"]["shared_states"]["post_error"] + one["F2"]["shared_states"]["post_error"]
+    assert two["F2"]["shared_states"]["post_error"] == both
+    with pytest.raises(ValueError, match="pairs seeds"):
+        compare_findings([results["eps0.2"]], [results["eps0.1"], results["eps0.3"]])
+
+
 def _f3(results, mix, fixed):
     r = results[mix]
     ivs = f3_intervals(r.per_task, {n: results[n].per_task for n in fixed}, r.ks, num_resamples=300)

@@ -190,15 +190,13 @@ F2_MEASURES = ("base_clean_accuracy", "trained_clean_accuracy", "base_recovery_a
                "delta_clean_accuracy", "delta_recovery_accuracy", "recovery_minus_clean")
 
 
-def f2_intervals(base_episodes, trained_episodes, *, groups=None, errors: str = "any", key: int = 1,
-                 num_resamples: int = 1000, confidence: float = 0.95) -> dict[str, Estimate]:
-    """`Episodes` of both policies on the same tasks and keys -> intervals (F2_MEASURES).
+def _seq(x) -> list:
+    return list(x) if isinstance(x, (list, tuple)) else [x]
 
-    The changes are paired on the same states (`bmrl.eval.states.paired_state_counts`): dClean over
-    the clean states both met, dRec over the post-error states both met; each accuracy pools all such
-    states of all tasks (a ratio of sums), D = dRec - dClean. The `base_*`/`trained_*` levels are each
-    policy's own (on-policy) accuracies. Resampled units are tasks (two-level with `groups`);
-    `num_tasks` counts the tasks with both kinds of shared state (the guard against too few)."""
+
+def _f2_counts(base_episodes, trained_episodes, errors: str) -> np.ndarray:
+    """[N, 14] per-task counts: shared states (right base, right trained, states) clean then post-error,
+    then each policy's own (right, states) clean and post-error."""
     if base_episodes.num_tasks != trained_episodes.num_tasks:
         raise ValueError(f"F2 pairs tasks: base has {base_episodes.num_tasks}, trained {trained_episodes.num_tasks}.")
     p = paired_state_counts(base_episodes, trained_episodes, errors)
@@ -206,8 +204,27 @@ def f2_intervals(base_episodes, trained_episodes, *, groups=None, errors: str = 
     cols = [p["clean_right_a"], p["clean_right_b"], p["clean"], p["post_error_right_a"], p["post_error_right_b"],
             p["post_error"], ob["clean_right"], ob["clean"], ot["clean_right"], ot["clean"], ob["post_error_right"],
             ob["post_error"], ot["post_error_right"], ot["post_error"]]
-    counts = np.stack(cols, axis=1).astype(np.float64)  # [N, 14]
-    n = int(((p["clean"] > 0) & (p["post_error"] > 0)).sum())
+    return np.stack(cols, axis=1).astype(np.float64)
+
+
+def f2_intervals(base_episodes, trained_episodes, *, groups=None, errors: str = "any", key: int = 1,
+                 num_resamples: int = 1000, confidence: float = 0.95) -> dict[str, Estimate]:
+    """`Episodes` of both policies on the same tasks and keys -> intervals (F2_MEASURES). Either one
+    pair, or one pair per training seed (two sequences): tasks are then pooled and, unless `groups` is
+    given, resampled in two levels (seeds, then tasks within seed).
+
+    The changes are paired on the same states (`bmrl.eval.states.paired_state_counts`): dClean over
+    the clean states both met, dRec over the post-error states both met; each accuracy pools all such
+    states of all tasks (a ratio of sums), D = dRec - dClean. The `base_*`/`trained_*` levels are each
+    policy's own (on-policy) accuracies. Resampled units are tasks (two-level with `groups`);
+    `num_tasks` counts the tasks with both kinds of shared state (the guard against too few)."""
+    bases, traineds = _seq(base_episodes), _seq(trained_episodes)
+    if len(bases) != len(traineds):
+        raise ValueError(f"F2 pairs seeds: {len(bases)} base and {len(traineds)} trained episode sets.")
+    if groups is None and len(bases) > 1:
+        groups = np.repeat(np.arange(len(bases)), [b.num_tasks for b in bases])
+    counts = np.concatenate([_f2_counts(b, t, errors) for b, t in zip(bases, traineds)])  # [N, 14]
+    n = int(((counts[:, 2] > 0) & (counts[:, 5] > 0)).sum())
     if counts[:, [2, 5]].sum(0).min() == 0:
         nan = Estimate(float("nan"), float("nan"), float("nan"), 0)
         return {m: nan for m in F2_MEASURES}
@@ -252,24 +269,32 @@ def f3_intervals(mix_surface: np.ndarray, fixed_surfaces: Mapping[str, np.ndarra
 # ---- findings of two evaluations ----------------------------------------------------------------
 
 
-def compare_findings(base, trained, *, groups=None, num_resamples: int = 1000, confidence: float = 0.95) -> dict[str, Any]:
-    """F1 and F2 of two `EvalResult`s on the same tasks, keys and grid: {"F1": {...}, "F2": {...}}, each
-    with its verdict, rule, reason, sentence and intervals."""
-    if base.ts != trained.ts or base.num_tasks != trained.num_tasks or 1 not in base.ks or 1 not in trained.ks:
-        raise ValueError(
-            f"compare needs both evaluations on the same tasks and T grid with K=1: base {base.num_tasks} tasks, "
-            f"ts={list(base.ts)}, ks={list(base.ks)}; trained {trained.num_tasks} tasks, ts={list(trained.ts)}, ks={list(trained.ks)}."
-        )
+def compare_findings(base, trained, *, num_resamples: int = 1000, confidence: float = 0.95) -> dict[str, Any]:
+    """F1 and F2 of two policies: `EvalResult`s on the same tasks, keys and T grid, or one per training
+    seed (two sequences, pair i = seed i; intervals then resample seeds, then tasks within seed).
+    Returns {"F1": {...}, "F2": {...}}, each with verdict, rule, reason, sentence and intervals."""
+    bases, traineds = _seq(base), _seq(trained)
+    if len(bases) != len(traineds) or not bases:
+        raise ValueError(f"compare pairs seeds: got {len(bases)} base and {len(traineds)} trained evaluations.")
+    for b, t in zip(bases, traineds):
+        if b.ts != bases[0].ts or t.ts != b.ts or b.num_tasks != t.num_tasks or 1 not in b.ks or 1 not in t.ks:
+            raise ValueError(
+                f"compare needs both evaluations on the same tasks and T grid with K=1: base {b.num_tasks} tasks, "
+                f"ts={list(b.ts)}, ks={list(b.ks)}; trained {t.num_tasks} tasks, ts={list(t.ts)}, ks={list(t.ks)}."
+            )
     if num_resamples < 10:
         raise ValueError(f"verdicts need intervals: num_resamples must be >= 10, got {num_resamples}.")
+    groups = np.repeat(np.arange(len(bases)), [b.num_tasks for b in bases]) if len(bases) > 1 else None
     boot = dict(groups=groups, num_resamples=num_resamples, confidence=confidence)
-    f1 = f1_intervals(base.per_task[:, base.ks.index(1), :], trained.per_task[:, trained.ks.index(1), :], **boot)
-    f2 = f2_intervals(base.episodes, trained.episodes, **boot)
+    pass1 = lambda rs: np.concatenate([r.per_task[:, r.ks.index(1), :] for r in rs])  # noqa: E731
+    f1 = f1_intervals(pass1(bases), pass1(traineds), **boot)
+    f2 = f2_intervals([b.episodes for b in bases], [t.episodes for t in traineds], **boot)
     out = {}
     for v, iv in ((f1_verdict(f1["gain_large_minus_small"]), f1),
                   (f2_verdict(f2["delta_recovery_accuracy"], f2["delta_clean_accuracy"], f2["recovery_minus_clean"]), f2)):
         out[v.finding] = {**v.to_dict(), "sentence": v.sentence(), "intervals": {k: e.to_dict() for k, e in iv.items()}}
-    out["F1"]["T_small"], out["F1"]["T_large"] = int(base.ts[0]), int(base.ts[-1])
-    shared = paired_state_counts(base.episodes, trained.episodes)
-    out["F2"]["shared_states"] = {"clean": int(shared["clean"].sum()), "post_error": int(shared["post_error"].sum())}
+    out["F1"]["T_small"], out["F1"]["T_large"] = int(bases[0].ts[0]), int(bases[0].ts[-1])
+    shared = [paired_state_counts(b.episodes, t.episodes) for b, t in zip(bases, traineds)]
+    out["F2"]["shared_states"] = {k: int(sum(c[k].sum() for c in shared)) for k in ("clean", "post_error")}
+    out["F1"]["seeds"] = out["F2"]["seeds"] = len(bases)
     return out
