@@ -7,7 +7,14 @@ import pytest
 from bmrl.eval.decompose import Episodes, Estimate
 from bmrl.eval.states import paired_state_counts, state_accuracy_counts
 from bmrl.eval.verdicts import (
-    RULES, VERDICTS, f1_intervals, f1_verdict, f2_intervals, f2_verdict, f3_intervals, f3_verdict,
+    RULES,
+    VERDICTS,
+    f1_intervals,
+    f1_verdict,
+    f2_intervals,
+    f2_verdict,
+    f3_intervals,
+    f3_verdict,
 )
 
 F, T = False, True

@@ -165,22 +165,25 @@ def report(findings: dict, results: dict, settings: dict) -> str:
     ts = results["base"].ts
     head = ["policy"] + [f"P@(1,{t})" for t in ts] + ["clean-state acc", "post-error acc", "errors per turn"]
     prow = []
+    def acc(c, kind):
+        return f"{c[kind + '_right'].sum() / c[kind].sum():.3f}" if c[kind].sum() else "n/a"
+
     for name, r in results.items():
         c = state_accuracy_counts(r.episodes)
-        acc = lambda k: f"{c[k + '_right'].sum() / c[k].sum():.3f}" if c[k].sum() else "n/a"  # noqa: E731
-        prow.append([name] + [f"{v:.3f}" for v in r.pass1()[0]] + [acc("clean"), acc("post_error"),
+        prow.append([name] + [f"{v:.3f}" for v in r.pass1()[0]] + [acc(c, "clean"), acc(c, "post_error"),
                                                                      f"{r.decomposition.error_rate.mean:.3f}"])
     parts = [
         "# bmrl compare", "",
         f"The findings of the study \"{STUDY}\" (F1, F2) tested between two policies. Intervals: {INTERVAL}.", "",
         markdown.key_values(settings), "", "## Verdicts", "",
         markdown.table(["finding", "verdict", "statistic", "mean [95% interval]"], rows), "",
-        f"F2 compares the two policies on the states both met: {shared['clean']} clean states and "
-        f"{shared['post_error']} states right after a first error.", "",
+        (f"F2 compares the two policies on the states both met: {shared['clean']} clean states and "
+         f"{shared['post_error']} states right after a first error."), "",
         *[f"- {findings[k]['sentence']}" for k in ("F1", "F2")], "", "## Rules", "",
         *[f"- {k}: {findings[k]['rule']}" for k in ("F1", "F2")], "", "## Policies", "",
         markdown.table(head, prow), "",
-        "Clean state: no error earlier in the attempt (on the oracle's path). Post-error state: the turn right after "
-        "an error (a wrong action or one the environment reported). Accuracy: the policy's action equals the oracle's.", "",
+        ("Clean state: no error earlier in the attempt (on the oracle's path). Post-error state: the turn right "
+         "after an error (a wrong action or one the environment reported). Accuracy: the policy's action equals "
+         "the oracle's."), "",
     ]
     return "\n".join(parts)

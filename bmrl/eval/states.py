@@ -36,7 +36,7 @@ def state_accuracy_counts(ep: Episodes, kind: str = "any") -> dict[str, np.ndarr
     attempts, since an attempt's clean run ends at its first error). A memoryless policy has the
     same accuracy in both kinds."""
     right, clean, post, _ = _state_masks(ep, kind)
-    count = lambda m: ep.per_task(m).sum((1, 2))  # noqa: E731
+    count = lambda m: ep.per_task(m).sum((1, 2))
     return {"clean": count(clean), "clean_right": count(right & clean), "post_error": count(post),
             "post_error_right": count(right & post)}
 
@@ -59,7 +59,7 @@ def paired_state_counts(a: Episodes, b: Episodes, kind: str = "any") -> dict[str
     if np.any((clean | post) & (a.oracle_action != b.oracle_action)):
         raise ValueError("the two policies' shared states have different oracle actions: they were not run on the "
                          "same tasks with the same keys; evaluate both with the same tasks and key.")
-    count = lambda m: a.per_task(m).sum((1, 2))  # noqa: E731
+    count = lambda m: a.per_task(m).sum((1, 2))
     return {"clean": count(clean), "post_error": count(post), "clean_right_a": count(ra & clean),
             "clean_right_b": count(rb & clean), "post_error_right_a": count(ra & post),
             "post_error_right_b": count(rb & post)}

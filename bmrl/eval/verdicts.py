@@ -20,7 +20,11 @@ from typing import Any
 
 import numpy as np
 
-from bmrl.eval.bootstrap import MIN_UNITS_FOR_SIGNIFICANCE, bootstrap_mean, bootstrap_stat
+from bmrl.eval.bootstrap import (
+    MIN_UNITS_FOR_SIGNIFICANCE,
+    bootstrap_mean,
+    bootstrap_stat,
+)
 from bmrl.eval.decompose import Estimate
 from bmrl.eval.states import paired_state_counts, state_accuracy_counts
 
@@ -285,8 +289,8 @@ def compare_findings(base, trained, *, num_resamples: int = 1000, confidence: fl
     if num_resamples < 10:
         raise ValueError(f"verdicts need intervals: num_resamples must be >= 10, got {num_resamples}.")
     groups = np.repeat(np.arange(len(bases)), [b.num_tasks for b in bases]) if len(bases) > 1 else None
-    boot = dict(groups=groups, num_resamples=num_resamples, confidence=confidence)
-    pass1 = lambda rs: np.concatenate([r.per_task[:, r.ks.index(1), :] for r in rs])  # noqa: E731
+    boot = {"groups": groups, "num_resamples": num_resamples, "confidence": confidence}
+    pass1 = lambda rs: np.concatenate([r.per_task[:, r.ks.index(1), :] for r in rs])
     f1 = f1_intervals(pass1(bases), pass1(traineds), **boot)
     f2 = f2_intervals([b.episodes for b in bases], [t.episodes for t in traineds], **boot)
     out = {}
