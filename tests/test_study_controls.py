@@ -137,3 +137,25 @@ def test_compare_cli_bad_spec_exits_2(tmp_path, capsys, spec, msg):
     rc = main(["compare", "--config", CONFIG, "--base", "scripted:oracle", "--trained", spec,
                "--out", str(tmp_path), *SMALL])
     assert rc == 2 and msg in capsys.readouterr().err
+
+
+def test_compare_cli_with_a_model_run_directory(tmp_path, tiny_tokenizer, capsys):
+    """A run directory (its policy/ holds the model) against the oracle. The untrained model's replies do
+    not parse, so no post-error state is shared: F2 is inconclusive for lack of states, stored as null."""
+    import json
+
+    from bmrl.cli import main
+    from bmrl.model import ModelConfig, init_model, save_pretrained
+
+    cfg = ModelConfig.tiny(len(tiny_tokenizer), hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                           num_key_value_heads=1)
+    save_pretrained(init_model(cfg, seed=0), tiny_tokenizer, tmp_path / "run" / "policy")
+    out = tmp_path / "cmp"
+    rc = main(["compare", "--config", CONFIG, "--base", str(tmp_path / "run"), "--trained", "scripted:oracle",
+               "--out", str(out), *SMALL, "rollout.max_len=512"])
+    assert rc == 0
+    s = json.loads((out / "summary.json").read_text())
+    f2 = s["findings"]["F2"]
+    assert f2["verdict"] == "inconclusive" and f2["shared_states"]["post_error"] == 0
+    assert f2["intervals"]["recovery_minus_clean"]["mean"] is None and "only 0 task(s)" in f2["reason"]
+    assert s["policies"]["trained"]["decision_accuracy"]["mean"] == 1.0

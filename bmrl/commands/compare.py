@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from typing import Any
@@ -134,13 +135,24 @@ def _run(args: argparse.Namespace, cfg) -> int:
     summary = {"findings": findings, "policies": {n: r.summary() for n, r in results.items()}, "settings": settings,
                "interval": INTERVAL}
     with open(os.path.join(out, "summary.json"), "w") as f:
-        json.dump(summary, f, indent=2, default=float)
+        json.dump(_no_nan(summary), f, indent=2, default=float, allow_nan=False)
     with open(os.path.join(out, "report.md"), "w") as f:
         f.write(report(findings, results, settings))
     for v in findings.values():
         print(v["sentence"])
     print(f"wrote {os.path.join(out, 'report.md')}, {os.path.join(out, 'summary.json')}")
     return 0
+
+
+def _no_nan(x: Any) -> Any:
+    """JSON-ready: undefined numbers (NaN, e.g. no post-error state) become null."""
+    if isinstance(x, dict):
+        return {k: _no_nan(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_no_nan(v) for v in x]
+    if isinstance(x, float) and math.isnan(x):
+        return None
+    return x
 
 
 INTERVAL = "95% bootstrap interval over tasks, paired (both policies on the same tasks with the same keys)"
