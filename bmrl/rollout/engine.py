@@ -147,6 +147,8 @@ def make_episode(policy: Any, env: Env, cfg: RolloutConfig, record_obs: bool = F
         turns = record_turn(c, t, active, action, format_ok, injected, reward, info, cfg.format_reward)
         won = active & info.success
         nxt = active & ~term & ~won & (t + 1 < c.caps)
+        if hasattr(bound, "after_step"):  # policies that remember the last step (e.g. RepairingOracle)
+            pstate = bound.after_step(pstate, action, info, active)
         obs = select(active, new_obs, c.obs)
         pstate, fits = bound.observe(pstate, env, obs, t, nxt)
         return c.replace(

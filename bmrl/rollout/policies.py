@@ -7,6 +7,7 @@ of data passed into the compiled episode. `policy.bind(params)` inside the trace
     act(state, env, env_state, t, active) -> (state, action int32[B], format_ok bool[B])
     observe(state, obs, t, nxt) -> (state, fits bool[B])   # the next observation, for rows going on
     outputs(state) -> dict of token arrays    # tokens, length, loss_mask, logprobs, turn_of_token
+    after_step(state, action, info, active) -> state   # optional: sees the step's action and StepInfo
 
 - `ModelPolicy`: a language model. Acting = decode a reply into the KV cache until a stop token or
   the per-turn limit, then parse it into an action id in tokens; observing = prefill the reply's
@@ -80,6 +81,39 @@ class NoisyOracleData:
 
     def bind(self, params) -> "_BoundScripted":
         return _BoundScripted(lambda key, env, state: noisy_oracle_policy(key, env, state, params))
+
+
+@dataclasses.dataclass(frozen=True)
+class RepairingOracle:
+    """The eps-noisy oracle that may repair: in a clean state (the previous turn had no error) it
+    errs with probability `eps`; in the state right after an error (its own, injected, or one the
+    environment reported: `after_step` sees the engine's step) it takes the oracle's action with
+    probability `repair`, else a uniformly random wrong one. `repair = 1 - eps` (the default) is
+    the memoryless noisy oracle, action for action the same as `NoisyOracle(eps)` under the same keys.
+    Pass it to `play`/`evaluate` as is: the engine runs it as `RepairingOracleData` with (eps, repair)
+    as data, so every (eps, repair) shares one compiled program."""
+
+    eps: float
+    repair: float | None = None
+
+    def __post_init__(self):
+        repair = 1.0 - self.eps if self.repair is None else self.repair
+        for name, v in (("eps", self.eps), ("repair", repair)):
+            if not 0.0 <= float(v) <= 1.0:
+                raise ValueError(f"noisy_oracle: {name} must be a probability in [0, 1], got {v!r}.")
+        object.__setattr__(self, "eps", float(self.eps))
+        object.__setattr__(self, "repair", float(repair))
+
+    def engine_policy(self) -> tuple["RepairingOracleData", Any]:
+        return RepairingOracleData(), (jnp.float32(self.eps), jnp.float32(self.repair))
+
+
+@dataclasses.dataclass(frozen=True)
+class RepairingOracleData:
+    """`RepairingOracle` with `params` = (eps, repair) float32[] as data."""
+
+    def bind(self, params) -> "_BoundRepairing":
+        return _BoundRepairing(*params)
 
 
 POLICIES: dict[str, Callable] = {"oracle": oracle_policy, "random": random_policy, "noisy_oracle": noisy_oracle_policy}
@@ -323,6 +357,32 @@ class _BoundScripted:
         return _no_tokens(keys.shape[0])
 
 
+class _BoundRepairing(_BoundScripted):
+    """State: (script keys [B], last_error bool[B]); `after_step` is the engine's hook after env.step."""
+
+    def __init__(self, eps: float, repair: float):
+        self.eps, self.repair = eps, repair
+
+    def start(self, env: Env, obs, keys):
+        return stream(keys, SCRIPT_STREAM), jnp.zeros(keys.shape[:1], bool)
+
+    def act(self, state, env: Env, env_state, t, active):
+        keys, last_error = state
+        step_keys = jax.vmap(lambda k: jax.random.fold_in(k, t))(keys)
+        p_wrong = jnp.where(last_error, 1.0 - self.repair, self.eps)
+        act = jax.vmap(lambda k, s, p: noisy_oracle_policy(k, env, s, p))(step_keys, env_state, p_wrong)
+        return state, act, jnp.ones(act.shape, bool)
+
+    def after_step(self, state, action, info, active):
+        """Remember, per active row, whether this turn was an error (as `Episodes.errors("any")`)."""
+        keys, last_error = state
+        err = info.error | info.invalid | (action != info.oracle_action)
+        return keys, jnp.where(active, err, last_error)
+
+    def outputs(self, state) -> dict[str, jax.Array]:
+        return _no_tokens(state[0].shape[0])
+
+
 @struct.dataclass
 class Replay:
     """ReplayPolicy data: `actions[b, t]` is played while `t < until[b]`; from turn `until[b]` on the
@@ -363,6 +423,8 @@ def as_policy(policy: Any, fmt: Format | None, cfg: RolloutConfig):
         return ModelPolicy(graphdef, fmt, cfg), params
     if isinstance(policy, (ModelPolicy, ScriptedPolicy, ReplayPolicy)):
         raise TypeError("pass the module or the scripted function itself; engine policies are built from them.")
+    if isinstance(policy, RepairingOracle):
+        return policy.engine_policy()
     if callable(policy):
         return ScriptedPolicy(policy), ()
     raise TypeError(
