@@ -173,13 +173,30 @@ def findings(pooled: dict, ks: tuple[int, ...], ts: tuple[int, ...], rep, resamp
     return f
 
 
+def verdicts(seed_results: list[dict], pooled: dict, ks, rep, resamples: int) -> dict[str, dict]:
+    """The three verdicts (`bmrl.eval.verdicts`, written rules over intervals): F1 and F2 from the base
+    and the generous-budget RL policy of every seed (paired states; seeds, then tasks), F3 from
+    BudgetMix against both fixed budgets on the pooled surfaces."""
+    from bmrl.eval.verdicts import compare_findings, f3_intervals, f3_verdict
+
+    out = compare_findings([r[BASE] for r in seed_results], [r[rep.generous] for r in seed_results],
+                           num_resamples=resamples)
+    groups = pooled[GROUPS]["surface"] if len(seed_results) > 1 else None
+    fixed = {o: pooled[o]["surface"] for o in (rep.generous, rep.tight)}
+    f3 = f3_intervals(pooled[rep.budgetmix]["surface"], fixed, ks, groups=groups, num_resamples=resamples)
+    v3 = f3_verdict(f3)
+    out["F3"] = {**v3.to_dict(), "sentence": v3.sentence(),
+                 "intervals": {b: {m: e.to_dict() for m, e in ms.items()} for b, ms in f3.items()}}
+    return out
+
+
 def finding_sentences(f: dict, rep) -> list[str]:
-    """Plain sentences a reader can act on, one per finding."""
+    """What was measured for each finding, in plain sentences (the verdicts are `verdicts`')."""
     gl, gs, gd = f["gain_large"], f["gain_small"], f["gain_large_minus_small"]
     if _excludes_zero(gd) and gd["mean"] > 0:
-        verdict = "so RL's gain shrinks when the budget is tight, as the study found"
+        verdict = "so RL's gain shrinks when the budget is tight"
     elif _excludes_zero(gd):
-        verdict = "so here RL's gain is larger at the tight budget, unlike the study"
+        verdict = "so here RL's gain is larger at the tight budget"
     else:
         verdict = "and the two gains are not distinguishable on this run (the interval of their difference includes 0)"
     s1 = (f"1. Budget dependence: RL with the generous budget ({rep.generous}) changed Pass@(1,T) over the base by "
@@ -193,9 +210,10 @@ def finding_sentences(f: dict, rep) -> list[str]:
         extra += (f" With an error forced at turns {list(rep.inject_turns)}, success at T={f['T_large']} changed by "
                   f"{_fmt(f['delta_injected_success'])}.")
     if abs(dr["mean"]) > abs(da["mean"]) and _excludes_zero(dr):
-        verdict2 = "the gain shows more in recovery than in single decisions, as the study found"
+        verdict2 = ("the gain shows more in recovery than in single decisions on these (different) scales; F2's "
+                    "verdict compares them on the same states")
     elif _excludes_zero(da) and not _excludes_zero(dr):
-        verdict2 = "here the gain shows in single decisions rather than in recovery, unlike the study"
+        verdict2 = "here the gain shows in single decisions rather than in recovery"
     else:
         verdict2 = "neither change clearly dominates on this run"
     s2 = (f"2. What RL changed: single-step decision accuracy (on-policy, action = oracle) changed by {_fmt(da)}, "
@@ -255,7 +273,7 @@ def reproduce(cfg: Config, *, log: Callable[[str], Any] = print) -> dict:
     os.makedirs(out, exist_ok=True)
     save(cfg, os.path.join(out, "config.yaml"))
     names = [BASE] + list(rep.variants)
-    per_seed, seed_reports, stage_times = [], [], {}
+    per_seed, seed_reports, stage_times, seed_results = [], [], {}, []
     for seed in rep.seeds:
         sdir = os.path.join(out, f"seed{seed}")
         sft_cfg = stage_config(cfg, seed, os.path.join(sdir, "sft"))
@@ -282,19 +300,23 @@ def reproduce(cfg: Config, *, log: Callable[[str], Any] = print) -> dict:
         seed_reports.append(os.path.relpath(paths.get("report", os.path.join(eval_cfg.out_dir, "report.md")), out))
         stage_times[f"seed{seed}/eval"] = time.time() - t
         per_seed.append({name: unit_metrics(r) for name, r in results.items()})
+        seed_results.append({name: results[name] for name in (BASE, rep.generous)})
         ks, ts = results[BASE].ks, results[BASE].ts
 
     pooled = _pool(per_seed, names)
     resamples = max(cfg.eval.bootstrap, 200)
     f = findings(pooled, ks, ts, rep, resamples)
-    sentences = finding_sentences(f, rep)
+    f.update(verdicts(seed_results, pooled, ks, rep, resamples))
+    sentences = [f[k]["sentence"] for k in ("F1", "F2", "F3")]
+    details = finding_sentences(f, rep)
     table_md, table = summary_table(pooled, names, ks, ts, resamples)
     figures = _figures(out, pooled, names, ks, ts, resamples)
     wall = time.time() - t0
-    report = _report_md(cfg, sentences, table_md, figures, seed_reports, wall, len(rep.seeds), pooled[BASE]["surface"].shape[0])
+    report = _report_md(cfg, sentences + ["Measured:"] + details, table_md, figures, seed_reports, wall, len(rep.seeds),
+                        pooled[BASE]["surface"].shape[0])
     with open(os.path.join(out, "report.md"), "w") as fh:
         fh.write(report)
-    summary = {"findings": f, "sentences": sentences, "table": table, "wall_time_s": wall, "stage_times_s": stage_times,
+    summary = {"findings": f, "sentences": sentences, "details": details, "table": table, "wall_time_s": wall, "stage_times_s": stage_times,
                "seeds": list(rep.seeds), "units": int(pooled[BASE]["surface"].shape[0])}
     with open(os.path.join(out, "summary.json"), "w") as fh:
         json.dump(summary, fh, indent=2, default=float)
@@ -336,12 +358,19 @@ def _report_md(cfg: Config, sentences, table_md, figures, seed_reports, wall, se
     lines = [
         "# What multi-turn RL bought: bmrl reproduce",
         "",
-        f"Environment `{cfg.env.name}` {dict(cfg.env.options)}, tiny policy trained from scratch. Seeds {list(rep.seeds)}; "
+        'A reproduction of the three findings of "What Does Multi-Turn Reinforcement Learning Really Improve in LLM '
+        'Agents?". Each verdict (as_study, opposite or inconclusive) is decided by the written rule stored with it in '
+        "summary.json, from the intervals; the sentences are generated from the verdicts.",
+        "",
+        f"Environment `{cfg.env.name}` {dict(cfg.env.options)}, "
+        + (f"policy initialised from `{cfg.model.path}`" if cfg.model.path else "tiny policy trained from scratch")
+        + f". Seeds {list(rep.seeds)}; "
         f"each seed: an SFT base on noisy-oracle demonstrations (noise {cfg.sft.noise}, cut after the first mistake: "
         f"errors shown, recovery never), then {cfg.train.steps} RL steps ({cfg.train.advantage}, {cfg.train.tasks_per_step} "
         f"tasks x {cfg.train.group_size} attempts) from that base under each budget: {variants}. Every policy is evaluated on "
         f"the same {cfg.eval.num_tasks} held-out tasks x {cfg.eval.attempts} attempts at T in {list(cfg.eval.ts)} with "
-        f"real caps (exact mode). Intervals: 95% percentile bootstrap over {units} (seed, task) units, paired for differences.",
+        f"real caps (exact mode). Intervals: 95% bootstrap intervals over seeds and tasks ({units} (seed, task) units; "
+        "seeds resampled, then tasks within seed), paired for differences.",
         "",
         "## Findings",
         "",
