@@ -95,3 +95,34 @@ def test_bad_reproduce_config_exits_2_and_writes_nothing(tmp_path, capsys, overr
     assert e.value.code == 2
     assert key in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_pipeline_verdicts_from_real_evaluations(rep, tiny_tokenizer):
+    """The verdicts `reproduce` writes, from evaluations of scripted policies: a policy against itself
+    is inconclusive on every finding; an oracle as "BudgetMix" beats noisy fixed budgets (F3)."""
+    from bmrl.envs import make
+    from bmrl.eval.evaluate import evaluate
+    from bmrl.reproduce import _pool, unit_metrics, verdicts
+    from bmrl.rollout import RolloutConfig, make_noisy_oracle, oracle_policy
+
+    env = make("corridor", tiny_tokenizer, length=4, eps=0.1)
+    cfg = RolloutConfig(max_turns=8, max_reply_tokens=6, max_len=512)
+    tasks = {"seed": np.arange(1, 49, 2, dtype=np.int32)}
+
+    def ev(policy):
+        return evaluate(policy, env, tasks, ts=TS, ks=KS, attempts=4, rollout_cfg=cfg, key=0, bootstrap=100)
+
+    noisy = ev(make_noisy_oracle(0.3))
+    for results, expect in (
+        ({BASE: noisy, "fixed_long": noisy, "fixed_short": noisy, "budgetmix": noisy},
+         {"F1": "inconclusive", "F2": "inconclusive", "F3": "inconclusive"}),
+        ({BASE: noisy, "fixed_long": noisy, "fixed_short": noisy, "budgetmix": ev(oracle_policy)}, {"F3": "as_study"}),
+    ):
+        pooled = _pool([{n: unit_metrics(r) for n, r in results.items()}], list(results))
+        v = verdicts([results], pooled, KS, rep, resamples=200)
+        assert {k: v[k]["verdict"] for k in expect} == expect
+        from bmrl.eval.verdicts import RULES
+
+        for k in ("F1", "F2", "F3"):  # the rule is stored with its verdict; the sentence is made from it
+            assert v[k]["rule"] == RULES[k] and v[k]["sentence"].startswith(f"{k}: ")
+            assert ("as the study found" in v[k]["sentence"]) == (v[k]["verdict"] == "as_study")
