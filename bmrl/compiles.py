@@ -29,7 +29,7 @@ T = TypeVar("T")
 _LOCK = threading.Lock()
 _PROGRAMS: "collections.OrderedDict[tuple[str, Hashable], Any]" = collections.OrderedDict()
 _COUNTS: collections.Counter[str] = collections.Counter()
-MAX_PROGRAMS = 256  # least recently used programs beyond this are dropped (their compiles are kept in counts)
+MAX_PROGRAMS = 64  # least recently used programs beyond this are dropped (their compiles are kept in counts)
 
 
 def program(name: str, key: Hashable, build: Callable[[], T]) -> T:

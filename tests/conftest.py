@@ -13,3 +13,20 @@ def tiny_tokenizer():
     from tests.tokenizers import shared_tokenizer
 
     return shared_tokenizer()
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _release_compiled_programs():
+    """Every test module leaves no compiled program behind: the suite compiles hundreds of XLA
+    programs in one process, and holding them all exhausted the process's memory maps (XLA aborted
+    while compiling late in the run)."""
+    yield
+    import gc
+
+    import jax
+
+    from bmrl import compiles
+
+    compiles.clear()
+    jax.clear_caches()
+    gc.collect()
