@@ -9,8 +9,8 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 
 @pytest.fixture(scope="session")
 def tiny_tokenizer():
-    """A byte-level BPE trained on the environments' own text (`tests.tokenizers`)."""
-    from tests.tokenizers import shared_tokenizer
+    """A byte-level BPE trained on the environments' own text (`tests.tiny_tokenizer`)."""
+    from tests.tiny_tokenizer import shared_tokenizer
 
     return shared_tokenizer()
 

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from bmrl.envs import make
-from tests.tokenizers import shared_tokenizer
+from tests.tiny_tokenizer import shared_tokenizer
 
 MY_ENVS = ("corridor", "frozenlake", "toolchain")
 # Small, fast configurations with every kind of error switched on.
@@ -21,7 +21,7 @@ NOISY_OPTIONS = {
 
 
 def tiny_tokenizer():
-    """The suite's tiny tokenizer (`tests.tokenizers`, trained once per test process)."""
+    """The suite's tiny tokenizer (`tests.tiny_tokenizer`, trained once per test process)."""
     return shared_tokenizer()
 
 

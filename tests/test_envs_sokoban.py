@@ -17,7 +17,7 @@ from bmrl.envs import INVALID, make
 from bmrl.envs import sokoban_core as core
 from bmrl.envs.sokoban import UNDO, Sokoban
 from bmrl.envs.sokoban import corpus as sokoban_corpus
-from tests.tokenizers import shared_tokenizer
+from tests.tiny_tokenizer import shared_tokenizer
 
 N = 1024  # one batch size for the main env, so each of its functions compiles once
 

@@ -182,7 +182,7 @@ def test_cli_full_disk_outside_a_checkpoint_exits_3(tmp_path, monkeypatch, capsy
     import bmrl.train
     from bmrl.cli import main
 
-    def full(cfg, progress=None):
+    def full(cfg, progress=None, run=None):
         raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "run" / "metrics.jsonl"))
 
     monkeypatch.setattr(bmrl.train, "train", full)

@@ -146,7 +146,7 @@ def test_passkt_report_tables_parse(tmp_path):
 def test_write_report_tables_parse(tiny_tokenizer, tmp_path):
     """Every table of an evaluation report of two scripted policies (paired) parses."""
     from bmrl.envs import make
-    from bmrl.envs.scripted import make_noisy_oracle, oracle_policy
+    from bmrl.rollout import make_noisy_oracle, oracle_policy
     from bmrl.eval.evaluate import evaluate
     from bmrl.eval.report import write_report
     from bmrl.rollout import RolloutConfig

@@ -192,7 +192,7 @@ def test_sharded_rollout_matches_single_device(tmp_path):
         """
         import jax, jax.numpy as jnp, numpy as np
         from bmrl.envs import make
-        from tests.tokenizers import shared_tokenizer
+        from tests.tiny_tokenizer import shared_tokenizer
         from bmrl.parallel import MeshConfig, make_mesh, shard_batch, shard_model
         from bmrl.rollout import RolloutConfig, default_format, rollout
         from bmrl.sampling import SamplingConfig

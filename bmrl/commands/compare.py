@@ -100,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace, cfg) -> int:
     import jax
 
-    from bmrl import policy as pol
+    from bmrl import build as pol
     from bmrl.eval.evaluate import evaluate
     from bmrl.eval.verdicts import compare_findings
 
