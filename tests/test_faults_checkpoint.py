@@ -191,7 +191,7 @@ def test_cli_full_disk_outside_a_checkpoint_exits_3(tmp_path, monkeypatch, capsy
     assert main(args) == 3
     err = capsys.readouterr().err
     assert "no space left on device writing" in err and "metrics.jsonl" in err and "resume" in err
-    monkeypatch.setattr(bmrl.train, "train", lambda cfg, progress=None: _eacces())
+    monkeypatch.setattr(bmrl.train, "train", lambda cfg, progress=None, run=None: _eacces())
     with pytest.raises(OSError, match="Permission"):
         main(args)
 

@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pytest
 
 from bmrl.learn import make_optimizer
 from bmrl.learn import step as step_lib
@@ -41,15 +42,25 @@ def test_guard_catches_overflow_after_finite_gradients():
     assert flat(p).tobytes() == flat(raw).tobytes() and int(skip_counts(s)["consecutive_skips"]) == 0
 
 
-def test_cli_diverged_run_exits_3_naming_step_and_checkpoint(tmp_path, capsys):
+def test_cli_diverged_run_exits_3_naming_step_and_checkpoint(tmp_path, capsys, monkeypatch):
+    """The command's side of the guard: a run that stops on non-finite updates exits 3 with the
+    message (step, last good checkpoint), no traceback. (lr=1e39 itself is now refused by the config
+    with exit 2; the guard on a real diverging update is tested above and in tests/test_train.py.)"""
+    import bmrl.train
     from bmrl.cli import main
     from tests.test_faults_train import write_config
 
-    # lr=1e39 is refused by the config (outside float32); 3e38 is finite, and parameters of that size
-    # overflow the next forward pass: the run diverges after the warmup step.
-    cfg = write_config(tmp_path, steps=6, lr=3e38, max_nonfinite=1)
+    cfg = write_config(tmp_path, steps=3, max_nonfinite=1)
+    with pytest.raises(SystemExit) as refused:
+        main(["train", "--config", str(cfg), f"out_dir={tmp_path / 'refused'}", "train.optim.lr=1e39"])
+    assert refused.value.code == 2 and not (tmp_path / "refused").exists()
+
+    def diverge(cfg, progress=None, run=None):
+        raise bmrl.train.NonFiniteError("stopping at step 1: 1 non-finite updates in a row. Last good checkpoint: none.")
+
+    monkeypatch.setattr(bmrl.train, "train", diverge)
     status = main(["train", "--config", str(cfg), f"out_dir={tmp_path / 'run'}", "--no-progress"])
     err = capsys.readouterr().err
     assert status == 3, err
-    assert "stopping at step" in err and "Last good checkpoint" in err and "Traceback" not in err
+    assert "stopping at step 1" in err and "Last good checkpoint: none" in err and "Traceback" not in err
     assert not (tmp_path / "run" / "summary.json").exists()

@@ -119,9 +119,10 @@ def _run(args: argparse.Namespace, cfg) -> int:
         model, tok = loaded[name] if name in loaded else (scripted[name], shared_tok)
         env = pol.make_env(cfg, tok)
         if name in loaded:
+            from bmrl.config import make_budget
             from bmrl.rollout import default_format
 
-            pol.check_fits(cfg, env, default_format(env))
+            pol.check_fits(cfg, env, default_format(env), make_budget(cfg.budget))
         print(f"compare: {name} = {getattr(args, name)}: {e.num_tasks} tasks x {e.attempts} attempts, T in {list(e.ts)}",
               file=sys.stderr)
         results[name] = evaluate(model, env, tasks, ts=e.ts, ks=e.ks, attempts=e.attempts, rollout_cfg=rcfg,
