@@ -210,8 +210,6 @@ def train(cfg, *, progress: bool | None = None, run: policy_lib.Run | None = Non
         """Compiles of this run per program (bmrl.compiles), since the run started."""
         now = compiles_lib.counts()
         out = {k: v - counted_before.get(k, 0) for k, v in now.items() if v - counted_before.get(k, 0)}
-        if "rollout" not in now:  # until the rollout is a program of bmrl.compiles
-            out["rollout"] = rollout_fn.trace_count() + evaluate.trace_count()
         return out
 
     compiles = lambda: sum(compile_counts().values())  # noqa: E731

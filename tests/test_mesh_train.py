@@ -81,7 +81,7 @@ def run_one(out_dir: str, mesh: dict, steps: int) -> dict:
         "compiles": summary["compiles"],
         "metric_compiles": {k: v for k, v in steps_rec[-1].items() if k.startswith("compiles/")},
         "update_backend_compiles": backend["jit(update)"],
-        "rollout_backend_compiles": backend["jit(run)"],
+        "rollout_backend_compiles": backend["jit(rollout)"],  # the training rollout (eval has its own)
         "resumed_from": summary["resumed_from"],
         "checkpoints": sorted(os.listdir(os.path.join(out_dir, "checkpoints"))),
     }

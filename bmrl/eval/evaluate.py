@@ -229,7 +229,7 @@ def _runner(policy: Any, env: Env, fmt: Format | None, cfg: RolloutConfig, injec
     spec, params = as_policy(policy, fmt, cfg)
     if not isinstance(spec, ModelPolicy):
         cfg = RolloutConfig(max_turns=cfg.max_turns, max_reply_tokens=1, max_len=1)
-    run = episode_program(spec, env, cfg)
+    run = episode_program(spec, env, cfg, name="eval_rollout" if isinstance(spec, ModelPolicy) else "episode")
     return (lambda tasks, caps, keys: run(params, tasks, caps, keys, inject)), run.trace_count
 
 

@@ -189,6 +189,7 @@ def make_episode(policy: Any, env: Env, cfg: RolloutConfig, record_obs: bool = F
             overflow=c.overflow, observations=(r.obs_tokens, r.obs_len) if record_obs else None,
         )
 
+    run.__name__ = run.__qualname__ = name  # XLA names the program after it: jit(rollout), jit(eval_rollout)
     return compiles.counted_jit(run, name=name)
 
 
@@ -226,9 +227,11 @@ def play_compacting(carry: Carry, turn, sizes: tuple[int, ...], max_turns: int, 
     return out.replace(t=work.t)
 
 
-def episode_program(policy: Any, env: Env, cfg: RolloutConfig, record_obs: bool = False):
-    """The cached compiled episode of `policy` on `env` (one program per static configuration)."""
-    name = "rollout" if isinstance(policy, ModelPolicy) else "episode"
+def episode_program(policy: Any, env: Env, cfg: RolloutConfig, record_obs: bool = False, name: str | None = None):
+    """The cached compiled episode of `policy` on `env` (one program per static configuration and name:
+    "rollout" for a model's training rollouts, "eval_rollout" for the evaluator's, "episode" for
+    scripted policies)."""
+    name = name or ("rollout" if isinstance(policy, ModelPolicy) else "episode")
     return compiles.program(name, (policy, env, cfg, record_obs), lambda: make_episode(policy, env, cfg, record_obs, name))
 
 
