@@ -22,8 +22,8 @@ import numpy as np
 from bmrl.config import Config, ConfigError, check_fits, check_reproduce, fitting_cap, make_budget
 
 __all__ = [
-    "Run", "build_reproduce_run", "build_run", "build_tokenizer", "check_fits", "fitting_cap", "load_policy", "make_budget", "make_env",
-    "mesh_config", "model_config", "new_policy", "rollout_config", "split_seeds", "split_tasks",
+    "Run", "build_reproduce_run", "build_run", "build_tokenizer", "check_fits", "fitting_cap", "host_config", "load_policy",
+    "make_budget", "make_env", "mesh_config", "python_parts", "model_config", "new_policy", "rollout_config", "split_seeds", "split_tasks",
 ]
 
 SPLITS = ("train", "test")
@@ -31,19 +31,29 @@ SPLITS = ("train", "test")
 
 def build_tokenizer(cfg: Config):
     """The run's tokenizer: the HF directory's when `model.path` is set, else a tiny byte-level BPE
-    trained on the environment's own text (`bmrl.envs.corpus`) with `model.vocab_size` entries.
+    trained on the environment's own text with `model.vocab_size` entries: a JAX env's fragments
+    (`bmrl.envs.corpus`); a Python env's instructions, first observations over the tasks (the first
+    `CORPUS_TASKS`, reset seed = task index) and action strings.
 
-    Deterministic: the same env and vocab size always give the same vocabulary.
+    Deterministic: the same env (and tasks) and vocab size always give the same vocabulary.
     """
     if cfg.model.path is not None:
         return _hf_tokenizer(cfg.model.path)
     from bmrl.envs import corpus
     from bmrl.model.tokenizer import train_tiny_tokenizer
 
-    try:
-        texts = corpus([cfg.env.name], observations=False)
-    except ValueError as err:
-        raise ConfigError("env.name", str(err)) from None
+    if cfg.env.kind == "python":
+        from bmrl.rollout.pyenv import DEFAULT_INSTRUCTIONS
+
+        factory, _, observations = python_parts(cfg)
+        probe = factory()
+        texts = [str(getattr(probe, "instructions", None) or DEFAULT_INSTRUCTIONS), *observations,
+                 *(str(a) for a in (getattr(probe, "action_strings", None) or ()))]
+    else:
+        try:
+            texts = corpus([cfg.env.name], observations=False)
+        except ValueError as err:
+            raise ConfigError("env.name", str(err)) from None
     try:
         return train_tiny_tokenizer(texts, vocab_size=cfg.model.vocab_size)
     except ValueError as err:
@@ -132,9 +142,45 @@ def _hf_tokenizer(path):
         raise ConfigError("model.path", f"the tokenizer in {str(path)!r} could not be loaded: {err}") from None
 
 
+def python_parts(cfg: Config) -> tuple[Any, dict[str, list[dict]], list[str]]:
+    """(factory, tasks by split, first observations) of a python-kind env: `env.entry` imported from
+    `env.path` (default: the working directory) and `sys.path` with one env built and checked, the
+    `data.tasks` file read (`bmrl.envs.python.tasks`: even lines train, odd lines test), and the first
+    observations of the tasks (`bmrl.rollout.pyenv.reset_texts`). Raises ConfigError naming
+    env.entry, env.options or data.tasks."""
+    from bmrl.envs.python.protocol import EntryError, load_entry
+    from bmrl.envs.python.tasks import TaskFileError, read_tasks, split_tasks as split_task_list
+    from bmrl.rollout.pyenv import reset_texts
+
+    e = cfg.env
+    try:
+        factory = load_entry(e.entry, e.options, search=[e.path or os.getcwd()])
+    except EntryError as err:
+        raise ConfigError(f"env.{err.part}", str(err)) from None
+    try:
+        tasks = read_tasks(cfg.data.tasks)
+    except TaskFileError as err:
+        raise ConfigError("data.tasks", str(err)) from None
+    return factory, split_task_list(tasks), reset_texts(factory, tasks)
+
+
+def host_config(cfg: Config):
+    """The `HostConfig` of a python-kind `env` section (timeout, workers, what a fault does)."""
+    from bmrl.rollout.host import HostConfig
+
+    return HostConfig(step_timeout_s=cfg.env.step_timeout_s, workers=cfg.env.workers, on_fault=cfg.env.on_fault)
+
+
 def make_env(cfg: Config, tokenizer):
-    """The environment of the `env` section (its options and `show_budget`) for `tokenizer`."""
+    """The environment of the `env` section for `tokenizer`: a JAX `Env` (its options and
+    `show_budget`), or for kind python a `bmrl.rollout.pyenv.PythonEnv` with its tasks."""
     from bmrl.envs import make
+
+    if cfg.env.kind == "python":
+        from bmrl.rollout.pyenv import PythonEnv
+
+        factory, tasks, observations = python_parts(cfg)
+        return PythonEnv.build(cfg.env.entry, factory, tasks, tokenizer, host_config(cfg), texts=observations)
 
     options = dict(cfg.env.options)
     if cfg.env.show_budget and "max_budget" not in options and cfg.rollout.max_turns > 128:
@@ -180,8 +226,8 @@ class Run:
 
     cfg: Config
     tokenizer: Any
-    env: Any  # bmrl.envs.Env for `tokenizer`
-    fmt: Any  # the env's chat/reply format (bmrl.rollout.default_format)
+    env: Any  # bmrl.envs.Env for `tokenizer`, or a bmrl.rollout.pyenv.PythonEnv (env.kind=python, tasks inside)
+    fmt: Any  # the env's chat/reply format (bmrl.rollout.default_format; host_format for a Python env)
     budget: Any  # bmrl.budget.Budget of the `budget` section
     rollout: Any  # bmrl.rollout.RolloutConfig of training rollouts (rollout.temperature)
     eval_rollout: Any  # the same at eval.temperature
@@ -198,10 +244,11 @@ def build_run(cfg: Config, tokenizer=None) -> Run:
     the mesh against the devices. Raises ConfigError naming the key.
     """
     from bmrl.rollout import default_format
+    from bmrl.rollout.pyenv import host_format
 
     tokenizer = build_tokenizer(cfg) if tokenizer is None else tokenizer
     env = make_env(cfg, tokenizer)
-    fmt = default_format(env)
+    fmt = host_format(env) if cfg.env.kind == "python" else default_format(env)
     budget = make_budget(cfg.budget)
     problems = check_fits(cfg, env, fmt, budget)
     return Run(cfg, tokenizer, env, fmt, budget, rollout_config(cfg), rollout_config(cfg, for_eval=True),
@@ -211,7 +258,7 @@ def build_run(cfg: Config, tokenizer=None) -> Run:
 def build_reproduce_run(cfg: Config) -> Run:
     """`build_run` for `bmrl reproduce`: also checks the reproduce section and every variant's budget
     against the context buffer (each RL stage's), before anything is written."""
-    budgets = check_reproduce(cfg)
+    budgets = check_reproduce(cfg)  # env.kind=python refused: reproduce trains an SFT base on oracle demos
     run = build_run(cfg)
     for budget in budgets.values():
         check_fits(cfg, run.env, run.fmt, budget)
@@ -240,8 +287,13 @@ def split_seeds(env_name: str, split: str, n: int) -> np.ndarray:
     return (2 * np.asarray(seeds, np.int64) + parity).astype(np.int32)
 
 
-def split_tasks(cfg: Config, split: str, n: int | None = None) -> dict[str, Any]:
-    """Tasks `{"seed": int32[n]}` of `split` (default n: `data.train_size` / `data.test_size`)."""
+def split_tasks(cfg: Config, split: str, n: int | None = None, run: Run | None = None) -> Any:
+    """Tasks of `split`: `{"seed": int32[n]}` of a JAX env (default n: `data.train_size` /
+    `data.test_size`); for a Python env the first n (default all) of `run.env`'s task dicts."""
+    if cfg.env.kind == "python":
+        if run is None:
+            raise ValueError("the tasks of a Python env live in its Run: pass run=build_run(cfg).")
+        return run.env.split(split, n)
     if n is None:
         n = cfg.data.train_size if split == "train" else cfg.data.test_size
     return {"seed": split_seeds(cfg.env.name, split, n)}

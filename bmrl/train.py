@@ -7,6 +7,7 @@
         tasks = train split at data position step * tasks_per_step, each repeated group_size times
         caps = budget.sample(key_caps, ...)               # inside jit: caps are data, one compile
         traj = rollout(params, tasks, caps, key_rollout)  # one jit: generation + env steps
+                                                          # (a Python env: host_rollout, same turn)
         params, opt_state, m = update(params, opt_state, ref, traj, key_update)
         log / evaluate Pass@(1,T) / checkpoint
 
@@ -14,7 +15,8 @@ Resumes from the newest checkpoint in `cfg.out_dir/checkpoints` automatically. B
 draw derives from (seed, step) and the checkpoint holds params, optimizer state, key and data
 position, a run killed at any moment and resumed ends with bitwise-identical parameters on CPU.
 Outputs in `cfg.out_dir`: config.yaml, metrics.jsonl, tb/, checkpoints/, policy/ (a Hugging Face
-directory), summary.json.
+directory), summary.json; with a Python env (env.kind=python) also faults.jsonl, one line per fault
+of user code (step, task, turn, kind, message), counted per step as `rollout/faults`.
 """
 
 from __future__ import annotations
@@ -50,12 +52,12 @@ class NonFiniteError(RuntimeError):
 
 
 # ---------------------------------------------------------------- policy, tasks
-def init_policy(cfg) -> tuple[nnx.Module, Any]:
+def init_policy(cfg, tokenizer=None) -> tuple[nnx.Module, Any]:
     """(policy, tokenizer): from `cfg.model.path` (a Hugging Face directory, e.g. an SFT output), or
-    a fresh tiny decoder (seed `cfg.seed`) with the tiny tokenizer (`bmrl.build`)."""
+    a fresh tiny decoder (seed `cfg.seed`) with `tokenizer` (default: the tiny one, `bmrl.build`)."""
     if cfg.model.path:
         return policy_lib.load_policy(cfg.model.path)
-    tok = policy_lib.build_tokenizer(cfg)
+    tok = policy_lib.build_tokenizer(cfg) if tokenizer is None else tokenizer
     return policy_lib.new_policy(cfg, tok), tok
 
 
@@ -72,19 +74,23 @@ def tasks_at(seeds: np.ndarray, position: int, count: int, seed: int) -> np.ndar
 
 
 # ---------------------------------------------------------------- evaluation
-def make_evaluator(graphdef, env, fmt, cfg, test_seeds: np.ndarray, mesh):
-    """Pass@(1,T) at every T of `cfg.eval.ts` on `num_tasks` test tasks, one attempt each, each T an
-    exact cap: `bmrl.eval.evaluate` (the one evaluator) with rows sharded over the training mesh and
-    gathered across processes. Returns `evaluate(params, key) -> {T: (success rate, standard error)}`;
-    its `trace_count()` counts the compiles of its own (an evaluation that samples like training, at
-    the training batch shape, reuses the training rollout program)."""
+def make_evaluator(graphdef, env, fmt, cfg, test_tasks, mesh):
+    """Pass@(1,T) at every T of `cfg.eval.ts` on `num_tasks` test tasks (level seeds; a Python env's
+    task dicts), one attempt each, each T an exact cap: `bmrl.eval.evaluate` (the one evaluator) with
+    rows sharded over the training mesh and gathered across processes. Returns `evaluate(params, key)
+    -> {T: (success rate, standard error)}`; its `trace_count()` counts the compiles of its own (an
+    evaluation that samples like training, at the training batch shape, reuses the training rollout
+    program)."""
     from bmrl.eval.evaluate import evaluate as evaluate_policy
 
     ts = list(cfg.eval.ts)
-    n = min(cfg.eval.num_tasks, len(test_seeds))
+    n = min(cfg.eval.num_tasks, len(test_tasks))
     rcfg = policy_lib.rollout_config(cfg, for_eval=True)
-    check_config(env, fmt, rcfg, min(ts))
-    tasks = {"seed": np.asarray(test_seeds[:n], np.int32)}
+    if cfg.env.kind == "python":
+        tasks = list(test_tasks[:n])
+    else:
+        check_config(env, fmt, rcfg, min(ts))
+        tasks = {"seed": np.asarray(test_tasks[:n], np.int32)}
     place = lambda tree: shard_batch(jax.tree.map(jnp.asarray, tree), mesh)  # noqa: E731
     compiled = [0]
 
@@ -153,11 +159,17 @@ def train(cfg, *, progress: bool | None = None, run: policy_lib.Run | None = Non
         f.write(config_lib.to_yaml(cfg))
 
     mesh = make_mesh(policy_lib.mesh_config(cfg) if run is None else run.mesh)
-    policy, tok = init_policy(cfg)
+    policy, tok = init_policy(cfg, None if run is None else run.tokenizer)
     run = policy_lib.build_run(cfg, tok) if run is None else run  # checked before any write by `bmrl train`
     env, fmt, rcfg, budget = run.env, run.fmt, run.rollout, run.budget
-    train_seeds = policy_lib.split_tasks(cfg, "train")["seed"]
-    test_seeds = policy_lib.split_tasks(cfg, "test", max(cfg.eval.num_tasks, 1))["seed"]
+    python = cfg.env.kind == "python"  # a Python env: host_rollout on the same compiled turn, tasks are dicts
+    if python:
+        train_tasks = policy_lib.split_tasks(cfg, "train", run=run)
+        train_seeds = np.arange(len(train_tasks), dtype=np.int32)  # the data stream draws task indices
+        test_seeds = policy_lib.split_tasks(cfg, "test", max(cfg.eval.num_tasks, 1), run=run)
+    else:
+        train_seeds = policy_lib.split_tasks(cfg, "train")["seed"]
+        test_seeds = policy_lib.split_tasks(cfg, "test", max(cfg.eval.num_tasks, 1))["seed"]
     batch = t.tasks_per_step * t.group_size
 
     graphdef, params = nnx.split(policy)
@@ -197,7 +209,7 @@ def train(cfg, *, progress: bool | None = None, run: policy_lib.Run | None = Non
             print(f"bmrl train: warning: resuming step {start} with a changed config: {', '.join(changed)}")
         print(f"bmrl train: resumed from {ckpt.directory} at step {start}", flush=True)
 
-    rollout_fn = make_rollout(graphdef, env, fmt, rcfg)
+    rollout_fn = None if python else make_rollout(graphdef, env, fmt, rcfg)
     update = step_lib.make_update(graphdef, optimizer, t, rcfg.sampling.temperature, shardings=(param_sh, opt_sh))
     sample_caps = compiles_lib.counted_jit(
         lambda key: budget.sample(key, batch, t.group_size, cfg.budget.share_in_group), name="budget_sample")
@@ -234,10 +246,16 @@ def train(cfg, *, progress: bool | None = None, run: policy_lib.Run | None = Non
             t0 = time.perf_counter()
             key = jax.random.fold_in(base_key, step)
             seeds = np.repeat(tasks_at(train_seeds, data_position, t.tasks_per_step, cfg.seed), t.group_size)
-            tasks = shard_batch({"seed": jnp.asarray(seeds)}, mesh)
             caps = shard_batch(sample_caps(jax.random.fold_in(key, 0)), mesh)  # same sharding as eval caps: one compile
-            traj = rollout_fn(params, tasks, caps, jax.random.fold_in(key, 1), inject)
-            stats = _rollout_stats(traj)
+            if python:
+                played = env.play(nnx.merge(graphdef, params), fmt, rcfg, [train_tasks[i] for i in seeds],
+                                  np.asarray(jax.device_get(caps)), jax.random.fold_in(key, 1))
+                traj = played.trajectory
+                _log_faults(out, step + 1, played.faults, [train_tasks[i] for i in seeds])
+            else:
+                tasks = shard_batch({"seed": jnp.asarray(seeds)}, mesh)
+                traj = rollout_fn(params, tasks, caps, jax.random.fold_in(key, 1), inject)
+            stats = _rollout_stats(traj) | ({"faults": len(played.faults)} if python else {})
             params, opt_state, m = update(params, opt_state, ref_params, traj, jax.random.fold_in(key, 2))
             m, stats = jax.device_get((m, stats))
             data_position += t.tasks_per_step
@@ -297,6 +315,16 @@ def train(cfg, *, progress: bool | None = None, run: policy_lib.Run | None = Non
     }
     write_json_atomic(os.path.join(out, "summary.json"), summary)
     return summary
+
+
+def _log_faults(out: str, step: int, faults: list, tasks: list) -> None:
+    """Append the faults of user code in one training batch to `out`/faults.jsonl, with their tasks."""
+    if not faults or jax.process_index() != 0:
+        return
+    with open(os.path.join(out, "faults.jsonl"), "a") as f:
+        for x in faults:
+            f.write(json.dumps({"step": step, "row": x.row, "task": tasks[x.row], "turn": x.turn, "kind": x.kind,
+                                "message": x.message}, default=str) + "\n")
 
 
 def _run_record(eval_log: dict, tokens_seen: int, last: dict, records: int) -> dict:

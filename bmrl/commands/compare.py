@@ -101,9 +101,11 @@ def _run(args: argparse.Namespace, cfg) -> int:
     import jax
 
     from bmrl import build as pol
+    from bmrl.config import check_jax_env
     from bmrl.eval.evaluate import evaluate
     from bmrl.eval.verdicts import compare_findings
 
+    check_jax_env(cfg, "bmrl compare")  # its findings rest on the decomposition's oracle states
     specs = {"base": parse_spec(args.base), "trained": parse_spec(args.trained)}
     e = cfg.eval
     if e.bootstrap < 10:

@@ -23,10 +23,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def _build_jax_run(cfg):
+    """`build_run`, refusing a Python env first: demonstrations come from a JAX env's oracle."""
+    from bmrl.build import build_run
+    from bmrl.config import check_jax_env
+
+    check_jax_env(cfg, "bmrl sft")
+    return build_run(cfg)
+
+
 def run(args: argparse.Namespace) -> int:
     from bmrl.config import ConfigError
 
-    cfg, built = load_run(args, "sft")
+    cfg, built = load_run(args, "sft", _build_jax_run)
     from bmrl.learn.sft import run_sft
 
     try:

@@ -28,7 +28,7 @@ from bmrl.config.schema import (
     TrainCfg,
 )
 from bmrl.config.validate import (
-    check_caps, check_fits, check_probes, check_reproduce, fitting_cap, make_budget, validate,
+    check_caps, check_fits, check_jax_env, check_probes, check_reproduce, fitting_cap, make_budget, validate,
 )
 from bmrl.config.load import build, load, parse_overrides, read_yaml, save, to_dict, to_yaml
 from bmrl.config.docs import DOC_BEGIN, DOC_END, schema_markdown, update_docs
@@ -36,7 +36,7 @@ from bmrl.config.docs import DOC_BEGIN, DOC_END, schema_markdown, update_docs
 __all__ = [
     "BudgetCfg", "CheckpointCfg", "Config", "ConfigError", "DataCfg", "EnvCfg", "EvalCfg", "MeshCfg", "ModelCfg",
     "OptimCfg", "ReproduceCfg", "RolloutCfg", "SFTCfg", "TrainCfg",
-    "check_caps", "check_fits", "check_probes", "check_reproduce", "fitting_cap", "make_budget", "validate",
+    "check_caps", "check_fits", "check_jax_env", "check_probes", "check_reproduce", "fitting_cap", "make_budget", "validate",
     "build", "load", "parse_overrides", "read_yaml", "save", "to_dict", "to_yaml",
     "DOC_BEGIN", "DOC_END", "schema_markdown", "update_docs",
 ]

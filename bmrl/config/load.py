@@ -186,8 +186,19 @@ def read_yaml(path: str | os.PathLike) -> dict:
 
 
 def load(path: str | os.PathLike | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
-    """Load a YAML config file (or only defaults) with dotted overrides (`budget.kind=mix`)."""
-    return build(read_yaml(path) if path is not None else {}, overrides)
+    """Load a YAML config file (or only defaults) with dotted overrides (`budget.kind=mix`).
+
+    Paths of a Python env are anchored here, so the saved config.yaml of a run stands on its own: a
+    relative `data.tasks` becomes absolute against the config file's directory (the working
+    directory without a file), and `env.path` (where `env.entry`'s module is looked for) defaults
+    to that directory.
+    """
+    cfg = build(read_yaml(path) if path is not None else {}, overrides)
+    if cfg.env.kind == "python":
+        base = os.path.dirname(os.path.abspath(path)) if path is not None else os.getcwd()
+        cfg.data.tasks = os.path.normpath(os.path.join(base, os.path.expanduser(cfg.data.tasks)))
+        cfg.env.path = os.path.normpath(os.path.join(base, os.path.expanduser(cfg.env.path or ".")))
+    return cfg
 
 
 def to_dict(cfg: Config) -> dict:

@@ -41,11 +41,17 @@ class ModelCfg:
 
 @dataclass
 class EnvCfg:
-    """The environment: a registered name and its static construction options."""
+    """The environment: a built-in JAX one by name, or your own Python one (Gymnasium-style, text)."""
 
-    name: str = "corridor"  # a name in bmrl.envs.ENVS: corridor | frozenlake | sokoban | toolchain
-    options: dict[str, Any] = field(default_factory=dict)  # static env options, e.g. {length: 6, eps: 0.2}
-    show_budget: bool = False  # show "Turns left: N" in every observation (the policy sees its cap)
+    kind: str = "jax"  # jax (a built-in env, env.name) | python (your env.entry, tasks from data.tasks)
+    name: str = "corridor"  # jax: a name in bmrl.envs.ENVS: corridor | frozenlake | sokoban | toolchain
+    entry: Optional[str] = None  # python: "package.module:factory", called as factory(**env.options) for each new env
+    path: Optional[str] = None  # python: directory searched before sys.path for env.entry's module; null = the config file's
+    options: dict[str, Any] = field(default_factory=dict)  # jax: static env options, e.g. {length: 6}; python: the factory's kwargs
+    show_budget: bool = False  # jax: show "Turns left: N" in every observation (the policy sees its cap)
+    step_timeout_s: float = 30.0  # python: a reset or step slower than this is a fault of its row
+    workers: int = 32  # python: threads stepping environments concurrently
+    on_fault: str = "observe"  # python: observe (the row sees "tool error: ..." and goes on) | end (the row stops)
 
 
 @dataclass
@@ -140,11 +146,12 @@ class EvalCfg:
 
 @dataclass
 class DataCfg:
-    """Task suites (TFDS, array_record) of level seeds: train seeds even, test seeds odd."""
+    """Tasks: JAX envs draw level seeds (train even, test odd); Python envs read data.tasks."""
 
     data_dir: Optional[str] = None  # TFDS data dir; null = <out_dir>/data
-    train_size: int = 4096  # tasks in the training suite (even seeds)
-    test_size: int = 256  # tasks in the held-out suite (odd seeds)
+    train_size: int = 4096  # jax: tasks in the training suite (even seeds)
+    test_size: int = 256  # jax: tasks in the held-out suite (odd seeds)
+    tasks: Optional[str] = None  # python: JSONL file, one task (reset's options) a line; lines 0, 2, 4... train, 1, 3, 5... test; relative = to the config file
 
 
 @dataclass

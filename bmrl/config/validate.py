@@ -105,9 +105,17 @@ def check_seed(key: str, seed: int) -> None:
         )
 
 
+def check_jax_env(cfg: Config, what: str) -> None:
+    """Refuse env.kind=python for `what`, which needs the oracle of a JAX env (demonstrations, probes)."""
+    if cfg.env.kind != "jax":
+        raise ConfigError("env.kind", f"{what} needs a JAX environment (its oracle makes demonstrations and probes); "
+                          "env.kind=python runs with `bmrl train` and `bmrl eval`.")
+
+
 def check_reproduce(cfg: Config) -> dict:
     """Refuse a `reproduce` section that cannot run (checked by `bmrl reproduce` before any work);
     returns the `Budget` of each variant by name."""
+    check_jax_env(cfg, "bmrl reproduce")
     rep = cfg.reproduce
     if not rep.seeds or len(set(rep.seeds)) != len(rep.seeds):
         raise ConfigError("reproduce.seeds", f"needs one or more distinct seeds, got {rep.seeds}.")
@@ -159,10 +167,45 @@ def _env_options_error(name: str, options: dict) -> str | None:
 _ENV_CHECKS: dict[str, str | None] = {}
 
 
+ENV_KINDS = ("jax", "python")
+ON_FAULT = ("observe", "end")
+
+
+def _check_python_env(cfg: Config) -> None:
+    """A python-kind env: an entry that looks like `module:factory`, a task file, host settings.
+    Importing the entry and reading the tasks are runtime facts (`bmrl.build.python_env`)."""
+    e = cfg.env
+    if e.entry is None or not e.entry.strip():
+        raise ConfigError("env.entry", "is required with env.kind=python; give 'package.module:factory' (e.g. "
+                          "bmrl.envs.python.tools:ToolUse), a callable returning a new environment.")
+    module, sep, attr = e.entry.partition(":")
+    if not sep or not module.strip() or not attr.strip() or not all(p.isidentifier() for p in module.split(".")) \
+            or not attr.isidentifier():
+        raise ConfigError("env.entry", f"{e.entry!r} must look like 'package.module:factory' (a dotted module, a "
+                          "colon, a name in it).")
+    if cfg.data.tasks is None or not cfg.data.tasks.strip():
+        raise ConfigError("data.tasks", "is required with env.kind=python; give a JSONL file with one task (a JSON "
+                          "object, passed to reset as options) a line.")
+    if e.show_budget:
+        raise ConfigError("env.show_budget", "applies to JAX envs (they render the cap); with env.kind=python "
+                          "set it false and show the budget from your environment if it should see one.")
+    if not e.step_timeout_s > 0:
+        raise ConfigError("env.step_timeout_s", f"must be > 0 seconds, got {e.step_timeout_s}.")
+    _positive(e, "env", ("workers",))
+    _one_of("env.on_fault", e.on_fault, ON_FAULT)
+
+
 def _check_env(cfg: Config, max_cap: int) -> None:
     from bmrl.envs import ENVS, env_class
 
     e = cfg.env
+    _one_of("env.kind", e.kind, ENV_KINDS)
+    if e.kind == "python":
+        return _check_python_env(cfg)
+    for key, value in (("env.entry", e.entry), ("env.path", e.path), ("data.tasks", cfg.data.tasks)):
+        if value is not None:
+            raise ConfigError(key, f"applies to env.kind=python only; remove it, or set env.kind=python "
+                              f"(env.kind is {e.kind!r}).")
     _one_of("env.name", e.name, tuple(ENVS))
     try:
         cls = env_class(e.name)
@@ -304,6 +347,22 @@ def fitting_cap(cfg: Config, env, fmt, cap: int) -> int:
     return cap
 
 
+def _check_fits_python(cfg: Config, env, fmt) -> list[str]:
+    """A Python env's observations are known only as it runs: the buffer must hold the prompt, the
+    longest first observation of the tasks and one reply; longer episodes stop as overflow."""
+    r = cfg.rollout
+    if env.max_action_len and r.max_reply_tokens < fmt.min_reply_tokens(env.max_action_len):
+        need = fmt.min_reply_tokens(env.max_action_len)
+        raise ConfigError("rollout.max_reply_tokens", f"{r.max_reply_tokens} cannot hold the longest action string of "
+                          f"{env.name} ({env.max_action_len} tokens) plus the stop token; set it >= {need}.")
+    need = fmt.tokens_needed(1, env.max_obs_len, r.max_reply_tokens)
+    if need > r.max_len:
+        raise ConfigError("rollout.max_len", f"{r.max_len} cannot hold one turn of {env.name}: the prompt and the "
+                          f"longest first observation of the tasks ({env.max_obs_len} tokens) and a reply need "
+                          f"{need} tokens; raise rollout.max_len to >= {need}.")
+    return []
+
+
 def check_fits(cfg: Config, env, fmt, budget) -> list[str]:
     """Check the context buffer against the caps of `budget` and eval.ts; returns (and warns) the
     non-fatal problems.
@@ -314,6 +373,8 @@ def check_fits(cfg: Config, env, fmt, budget) -> list[str]:
     numbers, when the largest cap or a full SFT demonstration may not fit: such sequences stop
     early and are flagged as overflow (the worst case is rare: real replies are short).
     """
+    if cfg.env.kind == "python":
+        return _check_fits_python(cfg, env, fmt)
     r = cfg.rollout
     min_reply = getattr(fmt, "min_reply_tokens", lambda n: n + 1)(env.max_action_len)
     if r.max_reply_tokens < min_reply:

@@ -22,6 +22,11 @@ runs. Two policies evaluated with the same key see the same environment randomne
 `policy` is an `nnx.Module` (a language-model policy, run by `bmrl.rollout`) or a scripted policy
 `(key, env, state) -> action id` (`bmrl.rollout.policies`); both are played by the one episode
 engine with the same caps, keys and error injection: the oracle gives a ground truth for the estimator.
+
+`env` may also be a Python environment (`bmrl.rollout.pyenv.PythonEnv`, tasks a list of dicts): a
+model policy plays it from the host on the same compiled turn (`bmrl.rollout.host`), with the same
+rows, caps and keys, so a wrapped JAX env evaluates to the compiled path's numbers. Error injection
+and scripted policies need a JAX env's states; faults of user code are counted (`EvalResult.faults`).
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ from bmrl.eval.passkt import pass_at_kt_per_task
 from bmrl.formats import Format
 from bmrl.rollout.engine import check_config, default_format, episode_program
 from bmrl.rollout.policies import ModelPolicy, as_policy
+from bmrl.rollout.pyenv import PythonEnv, host_format
 from bmrl.rollout.types import Injection, RolloutConfig, check_caps
 
 MODES = ("exact", "truncate", "both")
@@ -86,6 +92,7 @@ class EvalResult:
     injected: "EvalResult | None" = None  # the same evaluation under error injection (`attach_injection`)
     grid_action: np.ndarray | None = None  # int32[N, A, T, Tm]: exact modes, the actions of every row of the grid
     grid_logprob: np.ndarray | None = None  # float32[N, A, T, Tm]: exact modes, per-turn log-prob of the sampled reply
+    faults: int | None = None  # Python envs: resets/steps of user code that failed (None for JAX envs)
 
     def pass1(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(estimate, lower, upper) of Pass@(1,T) over ts (needs 1 in ks)."""
@@ -123,6 +130,8 @@ class EvalResult:
             }
         if self.max_abs_difference is not None:
             out["max_abs_exact_minus_truncate"] = self.max_abs_difference
+        if self.faults is not None:
+            out["faults"] = self.faults
         return out
 
     def to_dict(self) -> dict[str, Any]:
@@ -275,16 +284,25 @@ def evaluate(
     if not isinstance(attempts, (int, np.integer)) or attempts < 1:
         raise ValueError(f"attempts must be an integer >= 1, got {attempts!r}.")
     ts, ks = _check_grid(ts, ks, int(attempts), rollout_cfg)
-    num_tasks = _num_tasks(tasks)
-    tasks = jax.tree.map(np.asarray, tasks)
-    tmax = ts[-1]
     inject = inject if inject is not None else Injection.none(rollout_cfg.max_turns)
     if np.shape(inject.turns) != (rollout_cfg.max_turns,):
         raise ValueError(f"inject.turns must be bool[max_turns={rollout_cfg.max_turns}], got {np.shape(inject.turns)}.")
-    if isinstance(policy, nnx.Module):
-        fmt = fmt or default_format(env)
-        check_config(env, fmt, rollout_cfg, ts[0])
-    runner, trace_count = _runner(policy, env, fmt, rollout_cfg, inject)
+    python = isinstance(env, PythonEnv)
+    if python:  # rows name their task by index; the runner hands the dicts to the environments
+        _check_python(policy, inject)
+        task_list, tasks = list(tasks), {"index": np.arange(len(tasks), dtype=np.int32)}
+        place, gather = (lambda x: x), np.asarray
+    num_tasks = _num_tasks(tasks)
+    tasks = jax.tree.map(np.asarray, tasks)
+    tmax = ts[-1]
+    if python:
+        fmt = fmt or host_format(env)
+        runner, trace_count = env.runner(policy, fmt, rollout_cfg, task_list)
+    else:
+        if isinstance(policy, nnx.Module):
+            fmt = fmt or default_format(env)
+            check_config(env, fmt, rollout_cfg, ts[0])
+        runner, trace_count = _runner(policy, env, fmt, rollout_cfg, inject)
 
     base = num_tasks * attempts
     chunk = max(1, min(int(chunk_size), base))
@@ -327,6 +345,10 @@ def evaluate(
             f"{int(overflow.sum())} of {overflow.size} attempts ran out of the context buffer "
             f"(max_len={rollout_cfg.max_len}) before their cap: they count as failures. Raise rollout max_len."
         )
+    faults = len(runner.faults) if python else None
+    if faults:
+        result_warnings.append(f"{faults} resets/steps of {env.name} failed (exceptions, timeouts, bad returns): the "
+                               "rows saw 'tool error: ...' observations (see the log for tasks and messages).")
     for w in result_warnings:
         warnings.warn(w, stacklevel=2)
 
@@ -339,8 +361,17 @@ def evaluate(
         decomposition=decompose_episodes(episodes, window=window, errors=errors, **boot),
         metrics=metrics, surface_truncate=surface_tr, max_abs_difference=max_diff,
         injection=_describe(inject), warnings=result_warnings, compiles=int(compiles), grid_action=grid_action,
-        grid_logprob=grid_logprob,
+        grid_logprob=grid_logprob, faults=faults,
     )
+
+
+def _check_python(policy: Any, inject: Injection) -> None:
+    if not isinstance(policy, nnx.Module):
+        raise ValueError("a Python environment is played by a model policy (an nnx.Module); scripted policies "
+                         "act on a JAX env's states.")
+    if _describe(inject) is not None:
+        raise ValueError("error injection needs a JAX environment (its oracle picks the wrong action); evaluate "
+                         "a Python environment without inject.")
 
 
 def _truncate(fst_max: np.ndarray, ts: Sequence[int]) -> np.ndarray:

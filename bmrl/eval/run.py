@@ -36,17 +36,28 @@ def evaluate_policies(
     from bmrl.eval.evaluate import attach_injection, evaluate
 
     e = cfg.eval
-    tasks = pol.split_tasks(cfg, "test", e.num_tasks)
     rcfg = pol.rollout_config(cfg, for_eval=True)
     key = jax.random.key(cfg.seed)
     common = dict(rollout_cfg=rcfg, window=window)
+    python = cfg.env.kind == "python"
     results = {}
     for name, (model, tokenizer) in policies.items():
         run = pol.build_run(cfg, tokenizer)  # this policy's tokenizer: env, format, checked buffer
         env, fmt = run.env, run.fmt
-        log(f"eval {name}: {e.num_tasks} tasks x {e.attempts} attempts, T in {list(e.ts)}, mode {e.mode}")
+        tasks = pol.split_tasks(cfg, "test", e.num_tasks, run=run)
+        num = len(tasks) if python else e.num_tasks
+        log(f"eval {name}: {num} tasks x {e.attempts} attempts, T in {list(e.ts)}, mode {e.mode}")
         result = evaluate(model, env, tasks, key=key, mode=e.mode, fmt=fmt, ts=e.ts, ks=e.ks,
                           attempts=e.attempts, bootstrap=e.bootstrap, **common)
+        if python:
+            if result.faults:
+                log(f"eval {name}: {result.faults} faults of {env.name} (exceptions, timeouts, bad returns); "
+                    "their tasks and messages are in the log")
+            if e.probe_states > 0 or (inject_turns and inject_prob > 0):
+                log(f"eval {name}: skipped the decision-accuracy probes and error injection: they replay a JAX "
+                    f"env's oracle states, and {env.name} is a Python env (env.kind=python)")
+            results[name] = result
+            continue
         if e.probe_states > 0:
             probes = probe_set(env, fmt, tasks, num_states=e.probe_states, seed=cfg.seed, noise=probe_noise,
                                num_turns=rcfg.max_turns, max_len=rcfg.max_len, reserve=rcfg.max_reply_tokens)

@@ -4,7 +4,9 @@
 to `reset` is read back as the JAX key (`protocol.seed_key`), turn t steps with
 `fold_in(key, t + 1)` as the compiled engine does, observations are the env's rendered text and
 actions are matched against its action strings. Played by `bmrl.rollout.host_rollout` with the same
-keys, it gives the compiled rollout's trajectories token for token.
+keys, it gives the compiled rollout's trajectories token for token. `builtin` is its config entry:
+
+    env: {kind: python, entry: "bmrl.envs.python.jax_env:builtin", options: {name: corridor, length: 4}}
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ class JaxAsPython:
                 "with show_budget=False for the Python path."
             )
         self.env = env
+        self.instructions = env.instructions
         self.action_strings = env.action_strings
         self._index = {s: i for i, s in enumerate(env.action_strings)}
         self._reset, self._step = _programs(env)
@@ -66,3 +69,12 @@ class JaxAsPython:
             "oracle_action": self.action_strings[oracle] if 0 <= oracle < len(self.action_strings) else None,
             "progress": float(np.asarray(info.progress)),
         }
+
+
+def builtin(name: str = "corridor", **options: Any) -> JaxAsPython:
+    """Built-in JAX env `name` with `options` as a Python env (a config entry). Its text goes through
+    a character tokenizer: only the rendered text leaves the wrapper, so the run's tokenizer decides
+    the tokens, as on the compiled path."""
+    from bmrl.envs import _CharTokenizer, make
+
+    return JaxAsPython(make(name, _CharTokenizer(), **options))

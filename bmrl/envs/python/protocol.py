@@ -24,6 +24,7 @@ import dataclasses
 import importlib
 import inspect
 import math
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -35,7 +36,14 @@ FAULT_PREFIX = "tool error: "
 
 
 class EntryError(ValueError):
-    """An environment entry point that cannot work (import error, missing factory, wrong signature)."""
+    """An environment entry point that cannot work (import error, missing factory, wrong signature).
+
+    `part` says what to fix: "entry" (the module or factory name) or "options" (the factory's arguments).
+    """
+
+    def __init__(self, message: str, part: str = "entry"):
+        super().__init__(message)
+        self.part = part
 
 
 def check_env(env: Any, where: str = "the environment") -> Any:
@@ -60,16 +68,20 @@ def check_env(env: Any, where: str = "the environment") -> Any:
     return env
 
 
-def load_entry(entry: str, options: dict | None = None) -> Callable[[], Any]:
+def load_entry(entry: str, options: dict | None = None, search: Sequence[str] = ()) -> Callable[[], Any]:
     """`"package.module:factory"` -> a no-argument function building a new environment.
 
-    The module is imported from `sys.path`; the factory is called as `factory(**options)`. One
-    environment is built here and checked, so a broken entry fails before the run starts.
+    The module is imported from the `search` directories (put first on `sys.path`, and kept there so
+    the module's own imports work) and `sys.path`; the factory is called as `factory(**options)`.
+    One environment is built here and checked, so a broken entry fails before the run starts.
     """
     options = dict(options or {})
     module_name, sep, attr = str(entry).partition(":")
     if not sep or not module_name or not attr:
         raise EntryError(f"env entry {entry!r} must look like 'package.module:factory'.")
+    for directory in reversed([str(d) for d in search]):
+        if directory not in sys.path:
+            sys.path.insert(0, directory)
     try:
         module = importlib.import_module(module_name)
     except Exception as e:
@@ -89,7 +101,7 @@ def load_entry(entry: str, options: dict | None = None) -> Callable[[], Any]:
     except Exception as e:
         raise EntryError(
             f"env entry {entry!r}: calling {attr}(**{options!r}) failed ({type(e).__name__}: {e}); check "
-            "env options against the factory's parameters."
+            "env options against the factory's parameters.", part="options"
         ) from e
     check_env(env, f"env entry {entry!r}")
     return build

@@ -21,6 +21,8 @@ from bmrl.envs.python.calc import CalcError, calc
 ITEMS = ("apple", "bread", "cheese", "egg", "fish", "grape", "honey", "juice", "kiwi", "lemon", "milk", "nut",
          "olive", "pear", "rice", "salt")
 USAGE = "use 'lookup <item>', 'calc <expression>' or 'answer <number>'"
+INSTRUCTIONS = ("Answer price questions with tools, one action a reply: 'lookup <item>' reads a price, "
+                "'calc <expression>' computes, 'answer <number>' gives the total.")
 
 
 class ToolUse:
@@ -32,6 +34,7 @@ class ToolUse:
         if max_price < 1 or max_qty < 1:
             raise ValueError(f"ToolUse needs max_price >= 1 and max_qty >= 1, got {max_price}, {max_qty}.")
         self.n_items, self.k, self.max_price, self.max_qty = items, k, max_price, max_qty
+        self.instructions = INSTRUCTIONS
         self.table: dict[str, int] = {}
 
     def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[str, dict]:
