@@ -22,8 +22,9 @@ import numpy as np
 from bmrl.config import Config, ConfigError, check_fits, check_reproduce, fitting_cap, make_budget
 
 __all__ = [
-    "Run", "build_reproduce_run", "build_run", "build_tokenizer", "check_fits", "fitting_cap", "host_config", "load_policy",
-    "make_budget", "make_env", "mesh_config", "python_parts", "model_config", "new_policy", "rollout_config", "split_seeds", "split_tasks",
+    "Run", "build_reproduce_run", "build_run", "build_tokenizer", "check_fits", "fitting_cap", "host_config",
+    "load_policy", "make_budget", "make_env", "mesh_config", "model_config", "new_policy", "python_parts",
+    "rollout_config", "split_seeds", "split_tasks",
 ]
 
 SPLITS = ("train", "test")
@@ -96,9 +97,7 @@ def load_policy(path: str | os.PathLike):
 
     A missing directory or one without tokenizer files fails with a message saying what to pass.
     """
-    from bmrl.model.hf import from_pretrained
-
-    from bmrl.model.hf import CheckpointError
+    from bmrl.model.hf import CheckpointError, from_pretrained
 
     _check_dir(path)
     try:
@@ -149,7 +148,8 @@ def python_parts(cfg: Config) -> tuple[Any, dict[str, list[dict]], list[str]]:
     observations of the tasks (`bmrl.rollout.pyenv.reset_texts`). Raises ConfigError naming
     env.entry, env.options or data.tasks."""
     from bmrl.envs.python.protocol import EntryError, load_entry
-    from bmrl.envs.python.tasks import TaskFileError, read_tasks, split_tasks as split_task_list
+    from bmrl.envs.python.tasks import TaskFileError, read_tasks
+    from bmrl.envs.python.tasks import split_tasks as split_task_list
     from bmrl.rollout.pyenv import reset_texts
 
     e = cfg.env

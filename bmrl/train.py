@@ -322,9 +322,8 @@ def _log_faults(out: str, step: int, faults: list, tasks: list) -> None:
     if not faults or jax.process_index() != 0:
         return
     with open(os.path.join(out, "faults.jsonl"), "a") as f:
-        for x in faults:
-            f.write(json.dumps({"step": step, "row": x.row, "task": tasks[x.row], "turn": x.turn, "kind": x.kind,
-                                "message": x.message}, default=str) + "\n")
+        f.writelines(json.dumps({"step": step, "row": x.row, "task": tasks[x.row], "turn": x.turn, "kind": x.kind,
+                                 "message": x.message}, default=str) + "\n" for x in faults)
 
 
 def _run_record(eval_log: dict, tokens_seen: int, last: dict, records: int) -> dict:

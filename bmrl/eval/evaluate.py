@@ -367,7 +367,7 @@ def evaluate(
 
 def _check_python(policy: Any, inject: Injection) -> None:
     if not isinstance(policy, nnx.Module):
-        raise ValueError("a Python environment is played by a model policy (an nnx.Module); scripted policies "
+        raise TypeError("a Python environment is played by a model policy (an nnx.Module); scripted policies "
                          "act on a JAX env's states.")
     if _describe(inject) is not None:
         raise ValueError("error injection needs a JAX environment (its oracle picks the wrong action); evaluate "

@@ -16,6 +16,7 @@ from two threads at once.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -31,6 +32,7 @@ from bmrl.rollout.types import RolloutConfig
 DEFAULT_INSTRUCTIONS = "Solve the task in the observation. Each reply is one action for the environment."
 CORPUS_TASKS = 256  # reset observations read for the tiny tokenizer and the buffer check
 HOST_PROGRAMS = ("host_start", "host_act", "host_observe", "host_outputs")
+log = logging.getLogger(__name__)
 
 
 def reset_texts(factory: Callable[[], Any], tasks: Sequence[dict], limit: int = CORPUS_TASKS) -> list[str]:
@@ -40,7 +42,9 @@ def reset_texts(factory: Callable[[], Any], tasks: Sequence[dict], limit: int = 
     for i, task in enumerate(list(tasks)[:limit]):
         try:
             obs = env.reset(seed=i, options=task)[0]
-        except Exception:  # user code: a fault of that task, not of the run
+        except Exception as e:  # noqa: BLE001 - user code: a fault of that task, not of the run
+            log.warning("reset of task %d (%r) failed while reading first observations: %s: %s", i, task,
+                        type(e).__name__, e)
             continue
         if isinstance(obs, str):
             texts.append(obs)
@@ -65,7 +69,7 @@ class PythonEnv:
 
     @classmethod
     def build(cls, name: str, factory: Callable[[], Any], tasks: dict[str, list[dict]], tokenizer,
-              hcfg: HostConfig, texts: Sequence[str] | None = None) -> "PythonEnv":
+              hcfg: HostConfig, texts: Sequence[str] | None = None) -> PythonEnv:
         """Read instructions and action strings from one env object, and the longest first observation
         (`texts`, default `reset_texts` over the tasks) in tokens."""
         probe = factory()

@@ -1,0 +1,160 @@
+"""Python environments from a config file (env.kind=python): train and eval through the CLI, faults
+counted and logged with their task, the wrapped corridor evaluating to the compiled path's numbers,
+and a broken entry refused (exit 2) before anything is written."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+import warnings
+
+import numpy as np
+import pytest
+
+from bmrl.cli import main
+
+# A two-action guessing game; a task with "boom" raises in step (a fault of user code, not a crash).
+ENV_MODULE = '''
+class Guess:
+    action_strings = ("a", "b")
+    instructions = "Guess the letter: reply a or b."
+
+    def __init__(self, hint=True):
+        self.hint = hint
+
+    def reset(self, *, seed=None, options=None):
+        self.task = dict(options or {})
+        return ("Say " + self.task["target"] + ".\\n") if self.hint else "Guess.\\n", {}
+
+    def step(self, action):
+        if self.task.get("boom"):
+            raise RuntimeError("boom in task " + self.task["id"])
+        won = action == self.task["target"]
+        return ("Right.\\n" if won else "Wrong.\\n"), float(won), won, False, {"success": won, "error": not won}
+
+
+def make(hint=True):
+    return Guess(hint)
+'''
+TASKS = [  # even lines train, odd lines test
+    {"id": "t0", "target": "a", "boom": True}, {"id": "e0", "target": "b"},
+    {"id": "t1", "target": "b"}, {"id": "e1", "target": "a", "boom": True},
+    {"id": "t2", "target": "a", "boom": True}, {"id": "e2", "target": "a"},
+]
+CONFIG = """\
+seed: 0
+model: {hidden_size: 32, intermediate_size: 64, num_hidden_layers: 1, num_attention_heads: 2, num_key_value_heads: 1}
+env: {kind: python, entry: "MODULE:make", options: {hint: true}, step_timeout_s: 20.0, workers: 4}
+data: {tasks: tasks.jsonl}
+budget: {kind: fixed, budgets: [3]}
+rollout: {max_turns: 3, max_reply_tokens: 4, max_len: 128}
+train: {steps: 2, tasks_per_step: 2, group_size: 2}
+eval: {ts: [1, 3], ks: [1], attempts: 2, num_tasks: 3, mode: both, bootstrap: 0, probe_states: 4}
+checkpoint: {every: 2, keep: 1}
+"""
+
+
+def _write(tmp_path, module: str, body: str = ENV_MODULE, tasks=TASKS) -> str:
+    (tmp_path / f"{module}.py").write_text(textwrap.dedent(body))
+    (tmp_path / "tasks.jsonl").write_text("".join(json.dumps(t) + "\n" for t in tasks))
+    path = tmp_path / "cfg.yaml"
+    path.write_text(CONFIG.replace("MODULE", module))
+    return str(path)
+
+
+def test_train_then_eval_a_python_env_from_a_config(tmp_path, monkeypatch, capsys):
+    """The entry is found next to the config file (not on sys.path, not in the working directory); two
+    steps train; every fault (the boom tasks) is counted per step and logged with its task; eval runs it."""
+    (tmp_path / "conf").mkdir()
+    cfg = _write(tmp_path / "conf", "pyenvcfg_guess")
+    monkeypatch.chdir(tmp_path)  # out_dir relative to here; the module is only in conf/
+    assert main(["train", "--config", cfg, "out_dir=run", "--no-progress"]) == 0
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    faults = [r["rollout/faults"] for r in records if "rollout/faults" in r]
+    assert len(faults) == 2 and sum(faults) > 0
+    logged = [json.loads(line) for line in (tmp_path / "run" / "faults.jsonl").read_text().splitlines()]
+    assert len(logged) == sum(faults)
+    assert all(x["task"]["boom"] and x["kind"] == "exception" and "boom in task" in x["message"] for x in logged)
+    assert {x["task"]["id"] for x in logged} <= {"t0", "t2"}
+    saved = (tmp_path / "run" / "config.yaml").read_text()
+    assert str(tmp_path / "conf" / "tasks.jsonl") in saved  # the run's config stands on its own
+
+    capsys.readouterr()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert main(["eval", "--config", cfg, "--policy", str(tmp_path / "run" / "policy"), "out_dir=run",
+                     "--no-plots"]) == 0
+    err = capsys.readouterr().err
+    assert "skipped the decision-accuracy probes and error injection" in err
+    res = json.loads((tmp_path / "run" / "eval" / "results.json").read_text())
+    policy = res["policies"]["policy"]
+    assert policy["faults"] > 0 and policy["tasks"] == 3  # the test split: e0, e1 (boom), e2
+
+
+@pytest.fixture(scope="module")
+def corridor_policy(tiny_tokenizer):
+    from bmrl.envs import make
+    from bmrl.rollout import default_format
+    from tests.rollout_helpers import steered_policy
+
+    env = make("corridor", tiny_tokenizer, length=3, eps=0.2)
+    return steered_policy(env, default_format(env), seed=2, scale=3.0)
+
+
+def test_wrapped_corridor_evaluates_like_the_compiled_one(tmp_path, tiny_tokenizer, corridor_policy):
+    """The same policy, keys and test tasks: env.kind=python with the corridor wrapped
+    (`bmrl.envs.python.jax_env:builtin`) gives the jax-kind run's first-success turns, exactly, in
+    exact and truncate mode (mode both); so the same Pass@(1,T)."""
+    from bmrl.build import split_seeds
+    from bmrl.config import build, load
+    from bmrl.eval.run import evaluate_policies
+
+    base = {
+        "seed": 3, "env": {"name": "corridor", "options": {"length": 3, "eps": 0.2}},
+        "rollout": {"max_turns": 6, "max_reply_tokens": 6, "max_len": 512, "temperature": 1.0},
+        "eval": {"ts": [2, 3, 6], "ks": [1, 2], "attempts": 3, "num_tasks": 6, "mode": "both", "bootstrap": 0,
+                 "probe_states": 0, "temperature": 1.0},
+        "budget": {"kind": "fixed", "budgets": [6]},
+    }
+    train, test = split_seeds("corridor", "train", 6), split_seeds("corridor", "test", 6)
+    lines = [{"seed": int(s)} for pair in zip(train, test) for s in pair]
+    (tmp_path / "tasks.jsonl").write_text("".join(json.dumps(t) + "\n" for t in lines))
+    py = dict(base, env={"kind": "python", "entry": "bmrl.envs.python.jax_env:builtin",
+                         "options": {"name": "corridor", "length": 3, "eps": 0.2}},
+              data={"tasks": "tasks.jsonl"})
+    (tmp_path / "py.yaml").write_text(json.dumps(py))
+    policies = {"p": (corridor_policy, tiny_tokenizer)}
+    quiet = {"inject_turns": (), "log": lambda msg: None}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        jax_res = evaluate_policies(build(base), policies, **quiet)["p"]
+        py_res = evaluate_policies(load(tmp_path / "py.yaml"), policies, **quiet)["p"]
+    assert py_res.faults == 0 and jax_res.faults is None
+    np.testing.assert_array_equal(py_res.first_success_turn, jax_res.first_success_turn)
+    np.testing.assert_array_equal(py_res.surface.estimate, jax_res.surface.estimate)
+    np.testing.assert_array_equal(py_res.surface_truncate.estimate, jax_res.surface_truncate.estimate)
+    assert py_res.max_abs_difference == jax_res.max_abs_difference == 0.0  # budget hidden: truncation is exact
+    p1 = jax_res.pass1()[0]
+    assert 0 < p1[-1] < 1 and p1[0] == 0.0, p1  # a real surface: corridors of 3 need 3 turns
+
+
+BROKEN = {
+    "import error": ("import no_such_module_anywhere\n", "make", "env.entry"),
+    "no factory": ("x = 1\n", "make", "env.entry"),
+    "wrong signature": ("class E:\n    def reset(self, seed):\n        return '', {}\n    def step(self, a):\n"
+                        "        pass\n\ndef make(hint=True):\n    return E()\n", "make", "env.entry"),
+    "factory raises": ("def make(hint=True):\n    raise ValueError('hint must be a letter')\n", "make", "env.options"),
+}
+
+
+@pytest.mark.parametrize("case", list(BROKEN))
+def test_broken_entry_exits_2_before_anything_is_written(case, tmp_path, monkeypatch, capsys):
+    body, attr, key = BROKEN[case]
+    module = "pyenvcfg_broken_" + case.replace(" ", "_")
+    cfg = _write(tmp_path, module, body)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exc:
+        main(["train", "--config", cfg, "out_dir=out", "--no-progress"])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and f"config error: {key}" in err and module in err, err
+    assert "Traceback" not in err and not (tmp_path / "out").exists()
