@@ -38,8 +38,14 @@ reproduce:
 SWEEP = "command: train\nbase: cfg.yaml\n"
 BIG = str(2**80)
 
+# A Python env (env.kind=python) on the same experiment: the tool-use env with a small task file.
+PY = BASE.replace("env: {name: corridor, options: {length: 3}}",
+                  "env: {kind: python, entry: 'bmrl.envs.python.tools:ToolUse', options: {k: 2}}")
+TASKS = ["data.tasks={tasks}"]
+
 # name: (command, config text (None = BASE; bytes = written raw), overrides, text the error must contain)
-# `{policy}`, `{nomodel}`, `{badjson}`, `{afile}` name fixtures made in the working directory.
+# `{policy}`, `{nomodel}`, `{badjson}`, `{afile}`, `{tasks}`, `{badtasks}`, `{emptytasks}`, `{envdir}`
+# name fixtures made in the working directory.
 CASES: dict[str, tuple[str, str | bytes | None, list[str], str]] = {
     # file hygiene
     "binary file": ("train", b"seed: 0\n\x00\x01\x02\xff\n", [], "binary"),
@@ -133,6 +139,29 @@ CASES: dict[str, tuple[str, str | bytes | None, list[str], str]] = {
     "sweep duplicate key": ("sweep", "grid: {train.steps: [1]}\ngrid: {train.steps: [2]}\n", [], "grid"),
     "sweep max_len 10": ("sweep", "grid: {rollout.max_len: [10, 256]}\n", [], "rollout.max_len"),
     "sweep interpolation": ("sweep", "overrides: {data.data_dir: '${oc.env:HOME}'}\n", [], "interpolation"),
+    # Python environments (env.kind=python): the entry is imported and the tasks read before any write
+    "env kind unknown": ("train", None, ["env.kind=lua"], "env.kind"),
+    "python without entry": ("train", None, ["env.kind=python", *TASKS], "env.entry"),
+    "python entry malformed": ("train", PY, ["env.entry=tools.ToolUse", *TASKS], "package.module:factory"),
+    "python entry import error": ("train", PY, ["env.entry=no_such_module_xyz:make", *TASKS], "no_such_module_xyz"),
+    "python entry not callable": ("train", PY, ["env.entry=bmrl.envs.python.tools:ITEMS", *TASKS], "env.entry"),
+    "python entry wrong signature": ("train", PY, ["env.entry=badsig_env:make", "env.path={envdir}",
+                                                   *TASKS], "wrong signature"),
+    "python factory options": ("train", PY, ["env.options.k=99", *TASKS], "env.options"),
+    "python without tasks": ("train", PY, [], "data.tasks"),
+    "python tasks missing": ("train", PY, ["data.tasks=no/such.jsonl"], "does not exist"),
+    "python tasks bad line": ("train", PY, ["data.tasks={badtasks}"], "line 2"),
+    "python tasks empty": ("train", PY, ["data.tasks={emptytasks}"], "0 task(s)"),
+    "python show_budget": ("train", PY, ["env.show_budget=true", *TASKS], "env.show_budget"),
+    "python on_fault": ("train", PY, ["env.on_fault=crash", *TASKS], "env.on_fault"),
+    "python timeout 0": ("train", PY, ["env.step_timeout_s=0", *TASKS], "env.step_timeout_s"),
+    "python workers 0": ("train", PY, ["env.workers=0", *TASKS], "env.workers"),
+    "python max_len 20": ("train", PY, ["rollout.max_len=20", *TASKS], "rollout.max_len"),
+    "jax with entry": ("train", None, ["env.entry=a:b"], "env.entry"),
+    "jax with tasks": ("train", None, TASKS, "data.tasks"),
+    "sft python env": ("sft", PY, TASKS, "env.kind"),
+    "reproduce python env": ("reproduce", PY, TASKS, "env.kind"),
+    "eval python tasks bad line": ("eval", PY, ["data.tasks={badtasks}"], "line 2"),
 }
 
 
@@ -164,13 +193,20 @@ def fixtures(tmp_path_factory) -> pathlib.Path:
     (root / "badjson").mkdir()
     (root / "badjson" / "config.json").write_text('{"model_type": "llama", ')
     (root / "afile").write_text("not a directory\n")
+    (root / "tasks").write_text("".join(f'{{"seed": {i}}}\n' for i in range(6)))
+    (root / "badtasks").write_text('{"seed": 1}\n{"seed": 2,\n{"seed": 3}\n')
+    (root / "emptytasks").write_text("\n")
+    (root / "envdir").mkdir()
+    (root / "envdir" / "badsig_env.py").write_text(
+        "class E:\n    def reset(self, seed):\n        return '', {}\n\n    def step(self, a):\n        pass\n\n\n"
+        "def make(**options):\n    return E()\n")
     return root
 
 
 def argv_of(name: str, fixtures: pathlib.Path) -> list[str]:
     """The command line of case `name`, run in a directory holding cfg.yaml (and sweep.yaml)."""
     command, text, overrides, _ = CASES[name]
-    for k in ("policy", "nomodel", "badjson", "afile"):
+    for k in ("policy", "nomodel", "badjson", "afile", "tasks", "badtasks", "emptytasks", "envdir"):
         overrides = [o.replace("{" + k + "}", str(fixtures / k)) for o in overrides]
     if text == "NOCONFIG":
         return [command, "out_dir=out", *overrides]
@@ -234,6 +270,8 @@ def test_refusals_say_key_value_and_fix(tmp_path, fixtures, capsys):
         "max_len 10": ["rollout.max_len", "10", "raise rollout.max_len to >="],
         "env interpolation in override": ["data.data_dir", "${oc.env:HOME}", "not expanded"],
         "duplicate nested key": ["steps", "twice", "keep one"],
+        "python tasks bad line": ["data.tasks", "badtasks", "line 2", "one JSON object a line"],
+        "python entry import error": ["env.entry", "no_such_module_xyz", "next to the config file"],
     }
     for name, fragments in expect.items():
         with contextlib.suppress(SystemExit):
@@ -273,6 +311,7 @@ def test_shipped_configs_pass_every_check():
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # a largest cap that may overflow is a warning, not a refusal
             run = (build_reproduce_run if "reproduce" in data else build_run)(cfg)
-        assert run.budget.max_cap <= cfg.rollout.max_turns and run.env.name == cfg.env.name
+        assert run.budget.max_cap <= cfg.rollout.max_turns
+        assert run.env.name == (cfg.env.entry if cfg.env.kind == "python" else cfg.env.name)
         checked.append(f.name)
-    assert "corridor_tiny.yaml" in checked and "quickstart.yaml" in checked
+    assert {"corridor_tiny.yaml", "quickstart.yaml", "python_env.yaml"} <= set(checked)

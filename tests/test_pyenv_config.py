@@ -49,7 +49,7 @@ data: {tasks: tasks.jsonl}
 budget: {kind: fixed, budgets: [3]}
 rollout: {max_turns: 3, max_reply_tokens: 4, max_len: 128}
 train: {steps: 2, tasks_per_step: 2, group_size: 2}
-eval: {ts: [1, 3], ks: [1], attempts: 2, num_tasks: 3, mode: both, bootstrap: 0, probe_states: 4}
+eval: {ts: [1, 3], ks: [1], attempts: 1, num_tasks: 3, mode: truncate, bootstrap: 0, probe_states: 4}
 checkpoint: {every: 2, keep: 1}
 """
 
@@ -112,7 +112,7 @@ def test_wrapped_corridor_evaluates_like_the_compiled_one(tmp_path, tiny_tokeniz
     base = {
         "seed": 3, "env": {"name": "corridor", "options": {"length": 3, "eps": 0.2}},
         "rollout": {"max_turns": 6, "max_reply_tokens": 6, "max_len": 512, "temperature": 1.0},
-        "eval": {"ts": [2, 3, 6], "ks": [1, 2], "attempts": 3, "num_tasks": 6, "mode": "both", "bootstrap": 0,
+        "eval": {"ts": [2, 3, 6], "ks": [1, 2], "attempts": 2, "num_tasks": 6, "mode": "both", "bootstrap": 0,
                  "probe_states": 0, "temperature": 1.0},
         "budget": {"kind": "fixed", "budgets": [6]},
     }
