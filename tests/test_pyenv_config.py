@@ -139,17 +139,17 @@ def test_wrapped_corridor_evaluates_like_the_compiled_one(tmp_path, tiny_tokeniz
 
 
 BROKEN = {
-    "import error": ("import no_such_module_anywhere\n", "make", "env.entry"),
-    "no factory": ("x = 1\n", "make", "env.entry"),
-    "wrong signature": ("class E:\n    def reset(self, seed):\n        return '', {}\n    def step(self, a):\n"
-                        "        pass\n\ndef make(hint=True):\n    return E()\n", "make", "env.entry"),
-    "factory raises": ("def make(hint=True):\n    raise ValueError('hint must be a letter')\n", "make", "env.options"),
+    "import error": ("import no_such_module_anywhere\n", "env.entry"),
+    "no factory": ("x = 1\n", "env.entry"),
+    "wrong signature": (("class E:\n    def reset(self, seed):\n        return '', {}\n    def step(self, a):\n"
+                         "        pass\n\ndef make(hint=True):\n    return E()\n"), "env.entry"),
+    "factory raises": ("def make(hint=True):\n    raise ValueError('hint must be a letter')\n", "env.options"),
 }
 
 
 @pytest.mark.parametrize("case", list(BROKEN))
 def test_broken_entry_exits_2_before_anything_is_written(case, tmp_path, monkeypatch, capsys):
-    body, attr, key = BROKEN[case]
+    body, key = BROKEN[case]
     module = "pyenvcfg_broken_" + case.replace(" ", "_")
     cfg = _write(tmp_path, module, body)
     monkeypatch.chdir(tmp_path)
