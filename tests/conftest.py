@@ -7,6 +7,11 @@ import pytest
 os.environ.setdefault("MPLBACKEND", "Agg")
 
 
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto`: one worker per core, at most 4 (each worker holds its own XLA programs in memory)."""
+    return max(1, min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
+
+
 @pytest.fixture(scope="session")
 def tiny_tokenizer():
     """A byte-level BPE trained on the environments' own text (`tests.tiny_tokenizer`)."""
