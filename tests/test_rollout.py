@@ -50,7 +50,8 @@ def _assert_same(a, b):
 
 @pytest.mark.parametrize(
     "name, temperature",
-    [(n, 0.0) for n in sorted(ENVS)] + [("corridor", 1.0), ("toolchain", 1.0)],
+    # Every env greedy, and sampled on two (corridor only sampled: each case costs a compile).
+    [(n, 0.0) for n in sorted(ENVS) if n != "corridor"] + [("corridor", 1.0), ("toolchain", 1.0)],
     ids=lambda v: {0.0: "greedy", 1.0: "sampled"}.get(v, v) if isinstance(v, float) else v,
 )
 def test_rollout_equals_python_loop(name, temperature, tiny_tokenizer):
@@ -242,7 +243,7 @@ def test_error_injection_forces_wrong_actions(tiny_tokenizer):
     assert not none.injected.any()
 
 
-@pytest.mark.parametrize("name", ["corridor", "toolchain"])
+@pytest.mark.parametrize("name", ["corridor"])  # one env: each bucket size is a compile (~35 s per env)
 def test_compaction_changes_nothing_but_the_work(name, tiny_tokenizer):
     """Finished rows leave the batch (16 -> 8 -> 4 -> 2 rows) and every row's trajectory, sampled at
     temperature 1 with its own key, is the one it has in the full batch: same tokens, same order."""
