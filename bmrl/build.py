@@ -1,6 +1,6 @@
 """From a `Config` to the objects a run needs, each library type built from its section in one function.
 
-    run = build_run(cfg)                       # tokenizer, env, format, budget, rollout configs, mesh:
+    run = build_run(cfg)                       # tokenizer, env, format (the `format` section), budget, rollout configs, mesh:
                                                # built once, every runtime fact checked, nothing written
     policy = new_policy(cfg, run.tokenizer)    # or: policy, tokenizer = load_policy(cfg.model.path)
     tasks = split_tasks(cfg, "test", cfg.eval.num_tasks)
@@ -24,7 +24,7 @@ from bmrl.config import Config, ConfigError, check_fits, check_reproduce, fittin
 __all__ = [
     "Run", "build_reproduce_run", "build_run", "build_tokenizer", "check_fits", "fitting_cap", "host_config",
     "load_policy", "make_budget", "make_env", "mesh_config", "model_config", "new_policy", "python_parts",
-    "rollout_config", "split_seeds", "split_tasks",
+    "rollout_config", "run_format", "split_seeds", "split_tasks",
 ]
 
 SPLITS = ("train", "test")
@@ -36,10 +36,21 @@ def build_tokenizer(cfg: Config):
     (`bmrl.envs.corpus`); a Python env's instructions, first observations over the tasks (the first
     `CORPUS_TASKS`, reset seed = task index) and action strings.
 
-    Deterministic: the same env (and tasks) and vocab size always give the same vocabulary.
+    With `format.kind=think_answer` the tiny tokenizer also gets the think/answer tags as special
+    tokens (`bmrl.formats.add_tag_tokens`): short replies, and tags that never merge with the text.
+    Deterministic: the same env (and tasks), vocab size and format kind always give the same vocabulary.
     """
     if cfg.model.path is not None:
         return _hf_tokenizer(cfg.model.path)
+    tokenizer = _tiny_tokenizer(cfg)
+    if cfg.format.kind == "think_answer":
+        from bmrl.formats import add_tag_tokens
+
+        add_tag_tokens(tokenizer)
+    return tokenizer
+
+
+def _tiny_tokenizer(cfg: Config):
     from bmrl.envs import corpus
     from bmrl.model.tokenizer import train_tiny_tokenizer
 
@@ -191,6 +202,24 @@ def make_env(cfg: Config, tokenizer):
         raise ConfigError("env.options", str(err)) from None
 
 
+def run_format(cfg: Config, env):
+    """The run's conversation format from the `format` section: `env`'s tokenizer's chat template (or
+    the plain format), `format.kind`'s reply layout and `format.system_prompt` before the instructions
+    (`bmrl.chat.env_format` for a JAX env, `bmrl.rollout.pyenv.host_format` for a Python env)."""
+    from bmrl.chat import ChatFormatError, TagLayoutError, env_format
+    from bmrl.rollout.pyenv import host_format
+
+    f = cfg.format
+    try:
+        if cfg.env.kind == "python":
+            return host_format(env, f.kind, f.system_prompt)
+        return env_format(env, f.kind, f.system_prompt)
+    except TagLayoutError as err:
+        raise ConfigError("format.kind", str(err)) from None
+    except ChatFormatError as err:
+        raise ConfigError("model.path", f"{err} Use a model whose chat template bmrl can reproduce.") from None
+
+
 def rollout_config(cfg: Config, for_eval: bool = False):
     """The `RolloutConfig` of the `rollout` section; evaluation samples at `eval.temperature`."""
     from bmrl.rollout import RolloutConfig
@@ -227,7 +256,7 @@ class Run:
     cfg: Config
     tokenizer: Any
     env: Any  # bmrl.envs.Env for `tokenizer`, or a bmrl.rollout.pyenv.PythonEnv (env.kind=python, tasks inside)
-    fmt: Any  # the env's chat/reply format (bmrl.rollout.default_format; host_format for a Python env)
+    fmt: Any  # the conversation format of the `format` section for env's tokenizer (run_format)
     budget: Any  # bmrl.budget.Budget of the `budget` section
     rollout: Any  # bmrl.rollout.RolloutConfig of training rollouts (rollout.temperature)
     eval_rollout: Any  # the same at eval.temperature
@@ -240,15 +269,13 @@ def build_run(cfg: Config, tokenizer=None) -> Run:
     if given, e.g. a loaded policy's), environment, format, budget, rollout configs and mesh.
 
     Every runtime fact is checked here, before a command writes anything: the model directory and its
-    config.json, the context buffer against every cap, the reply limit against the longest action,
+    config.json, the format, the context buffer against every cap, the reply limit against the longest
+    action in the reply format,
     the mesh against the devices. Raises ConfigError naming the key.
     """
-    from bmrl.rollout import default_format
-    from bmrl.rollout.pyenv import host_format
-
     tokenizer = build_tokenizer(cfg) if tokenizer is None else tokenizer
     env = make_env(cfg, tokenizer)
-    fmt = host_format(env) if cfg.env.kind == "python" else default_format(env)
+    fmt = run_format(cfg, env)
     budget = make_budget(cfg.budget)
     problems = check_fits(cfg, env, fmt, budget)
     return Run(cfg, tokenizer, env, fmt, budget, rollout_config(cfg), rollout_config(cfg, for_eval=True),

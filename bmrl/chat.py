@@ -48,6 +48,10 @@ class ChatFormatError(ValueError):
     """A chat template bmrl cannot turn into token fragments (the message says why and what to do)."""
 
 
+class TagLayoutError(ChatFormatError):
+    """think_answer tags that the tokenizer merges with an action (`make_format`)."""
+
+
 def has_chat_template(tokenizer) -> bool:
     """True if `tokenizer` carries a chat template."""
     return bool(getattr(tokenizer, "chat_template", None))
@@ -226,7 +230,7 @@ def make_format(
         fmt = plain_format(tokenizer, text, reply_format)
     bad = check_answer_layout(tokenizer, fmt, action_strings or ())
     if bad:
-        raise ChatFormatError(
+        raise TagLayoutError(
             f"With this tokenizer the answer tags merge with the actions {bad} (BPE joins a tag and its "
             "neighbours), so the rollout could not find them in a reply. Add the tags as special tokens "
             "(bmrl.formats.add_tag_tokens) for a from-scratch model, or use the action reply format."

@@ -114,6 +114,7 @@ def _rollout_stats(traj) -> dict:
         caps=traj.caps.mean(),
         invalid_rate=(traj.invalid & traj.turn_active).sum() / acted,
         error_rate=(traj.error & traj.turn_active).sum() / acted,
+        format_error_rate=(traj.format_error & traj.turn_active).sum() / acted,  # no answer (format.kind)
         truncated=traj.truncated.mean(),
         overflow=traj.overflow.mean(),
         tokens=traj.length.sum(),

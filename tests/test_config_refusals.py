@@ -42,6 +42,8 @@ BIG = str(2**80)
 PY = BASE.replace("env: {name: corridor, options: {length: 3}}",
                   "env: {kind: python, entry: 'bmrl.envs.python.tools:ToolUse', options: {k: 2}}")
 TASKS = ["data.tasks={tasks}"]
+# The shipped real-model config (model.path ???), refused before its tasks are read.
+QWEN = (pathlib.Path(__file__).resolve().parents[1] / "configs" / "qwen_tools.yaml").read_text()
 
 # name: (command, config text (None = BASE; bytes = written raw), overrides, text the error must contain)
 # `{policy}`, `{nomodel}`, `{badjson}`, `{afile}`, `{tasks}`, `{badtasks}`, `{emptytasks}`, `{envdir}`
@@ -162,6 +164,21 @@ CASES: dict[str, tuple[str, str | bytes | None, list[str], str]] = {
     "sft python env": ("sft", PY, TASKS, "env.kind"),
     "reproduce python env": ("reproduce", PY, TASKS, "env.kind"),
     "eval python tasks bad line": ("eval", PY, ["data.tasks={badtasks}"], "line 2"),
+    # the format section: reply layout and system prompt
+    "format kind unknown": ("train", None, ["format.kind=json"], "format.kind"),
+    "format system_prompt number": ("train", None, ["format.system_prompt=3"], "format.system_prompt"),
+    "format system_prompt boolean": ("train", "format: {system_prompt: yes}\n" + BASE, [], "format.system_prompt"),
+    "format system_prompt list": ("train", None, ["format.system_prompt=[a]"], "format.system_prompt"),
+    "think_answer max_reply_tokens 4": ("train", None, ["format.kind=think_answer", "rollout.max_reply_tokens=4"],
+                                        "rollout.max_reply_tokens"),
+    "sft think_answer max_reply_tokens 4": ("sft", None, ["format.kind=think_answer", "rollout.max_reply_tokens=4"],
+                                            "rollout.max_reply_tokens"),
+    "eval think_answer, tags not special": ("eval", None, ["format.kind=think_answer"], "rollout.max_reply_tokens"),
+    "python think_answer max_reply_tokens 3": ("train", PY, ["format.kind=think_answer", "rollout.max_reply_tokens=3",
+                                                             *TASKS], "rollout.max_reply_tokens"),
+    "qwen_tools without model.path": ("train", QWEN, TASKS, "model.path"),
+    "qwen_tools model.path missing": ("train", QWEN, ["model.path=no/such/Qwen2.5-0.5B-Instruct", *TASKS],
+                                      "model.path"),
 }
 
 
@@ -272,6 +289,9 @@ def test_refusals_say_key_value_and_fix(tmp_path, fixtures, capsys):
         "duplicate nested key": ["steps", "twice", "keep one"],
         "python tasks bad line": ["data.tasks", "badtasks", "line 2", "one JSON object a line"],
         "python entry import error": ["env.entry", "no_such_module_xyz", "next to the config file"],
+        "think_answer max_reply_tokens 4": ["rollout.max_reply_tokens", "4 cannot hold", "answer tags",
+                                            "format.kind=action"],
+        "qwen_tools without model.path": ["model.path", "is required", "model.path="],
     }
     for name, fragments in expect.items():
         with contextlib.suppress(SystemExit):

@@ -119,16 +119,15 @@ def _run(args: argparse.Namespace, cfg) -> int:
     results = {}
     for name in specs:
         model, tok = loaded[name] if name in loaded else (scripted[name], shared_tok)
-        env = pol.make_env(cfg, tok)
-        if name in loaded:
-            from bmrl.config import make_budget
-            from bmrl.rollout import default_format
-
-            pol.check_fits(cfg, env, default_format(env), make_budget(cfg.budget))
+        if name in loaded:  # this policy's tokenizer: env, the run's format, checked buffer
+            run = pol.build_run(cfg, tok)
+            env, fmt = run.env, run.fmt
+        else:  # a scripted policy acts on the env's state, no text
+            env, fmt = pol.make_env(cfg, tok), None
         print(f"compare: {name} = {getattr(args, name)}: {e.num_tasks} tasks x {e.attempts} attempts, T in {list(e.ts)}",
               file=sys.stderr)
         results[name] = evaluate(model, env, tasks, ts=e.ts, ks=e.ks, attempts=e.attempts, rollout_cfg=rcfg,
-                                 key=jax.random.key(cfg.seed), mode=e.mode, bootstrap=e.bootstrap)
+                                 key=jax.random.key(cfg.seed), mode=e.mode, bootstrap=e.bootstrap, fmt=fmt)
     findings = compare_findings(results["base"], results["trained"], num_resamples=e.bootstrap)
     settings = {"config": args.config, "base": args.base, "trained": args.trained, "env": f"{cfg.env.name} {dict(cfg.env.options)}",
                 "tasks": f"{e.num_tasks} held-out test tasks x {e.attempts} attempts", "T grid": list(e.ts), "mode": e.mode,

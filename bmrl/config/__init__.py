@@ -19,6 +19,7 @@ from bmrl.config.schema import (
     DataCfg,
     EnvCfg,
     EvalCfg,
+    FormatCfg,
     MeshCfg,
     ModelCfg,
     OptimCfg,
@@ -34,7 +35,7 @@ from bmrl.config.load import build, load, parse_overrides, read_yaml, save, to_d
 from bmrl.config.docs import DOC_BEGIN, DOC_END, schema_markdown, update_docs
 
 __all__ = [
-    "BudgetCfg", "CheckpointCfg", "Config", "ConfigError", "DataCfg", "EnvCfg", "EvalCfg", "MeshCfg", "ModelCfg",
+    "BudgetCfg", "CheckpointCfg", "Config", "ConfigError", "DataCfg", "EnvCfg", "EvalCfg", "FormatCfg", "MeshCfg", "ModelCfg",
     "OptimCfg", "ReproduceCfg", "RolloutCfg", "SFTCfg", "TrainCfg",
     "check_caps", "check_fits", "check_jax_env", "check_probes", "check_reproduce", "fitting_cap", "make_budget", "validate",
     "build", "load", "parse_overrides", "read_yaml", "save", "to_dict", "to_yaml",

@@ -71,7 +71,8 @@ def _omega_error(err: OmegaConfBaseException, schema=Config) -> ConfigError:
 
 
 def _check_sections(layer: dict, schema, prefix: str = "") -> dict:
-    """`layer` with empty sections dropped; a section given a non-mapping is refused by name."""
+    """`layer` with empty sections dropped; a section given a non-mapping, or a text key a number or
+    boolean (YAML reads `yes` as true), is refused by name."""
     out = {}
     for k, v in layer.items():
         hint = hint_of(str(k), schema) if dataclasses.is_dataclass(schema) else None
@@ -85,6 +86,9 @@ def _check_sections(layer: dict, schema, prefix: str = "") -> dict:
             v = _check_sections(v, hint, f"{prefix}{k}.")
         elif typing.get_origin(hint) is dict and v is not None and not isinstance(v, dict):
             raise ConfigError(prefix + str(k), f"must be a mapping (e.g. {{name: value}}), got {v!r}.")
+        elif type_name(hint) in ("str", "str or null") and isinstance(v, (bool, int, float)):  # OmegaConf would make it text
+            raise ConfigError(prefix + str(k), f"must be text, got {type(v).__name__} {v!r}; quote it in YAML "
+                              f"(e.g. {prefix}{k}: \"{v}\").")
         out[k] = v
     return out
 

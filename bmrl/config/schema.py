@@ -80,6 +80,14 @@ class RolloutCfg:
 
 
 @dataclass
+class FormatCfg:
+    """The conversation: how a reply carries its action, and an optional preamble of the system prompt."""
+
+    kind: str = "action"  # action (the reply is the action) | think_answer (reasoning in think tags, then the action in answer tags)
+    system_prompt: str | None = None  # text put before the task instructions in the system prompt; null = none
+
+
+@dataclass
 class OptimCfg:
     """optax chain: global-norm clipping, then adamw with warmup and a cosine or constant schedule."""
 
@@ -206,6 +214,7 @@ class Config:
     env: EnvCfg = field(default_factory=EnvCfg)
     budget: BudgetCfg = field(default_factory=BudgetCfg)
     rollout: RolloutCfg = field(default_factory=RolloutCfg)
+    format: FormatCfg = field(default_factory=FormatCfg)
     sft: SFTCfg = field(default_factory=SFTCfg)
     train: TrainCfg = field(default_factory=TrainCfg)
     eval: EvalCfg = field(default_factory=EvalCfg)

@@ -17,7 +17,14 @@ import re
 import warnings
 from typing import Any
 
-from bmrl.config.schema import BudgetCfg, Config, ConfigError, ModelCfg, OptimCfg
+from bmrl.config.schema import (
+    BudgetCfg,
+    Config,
+    ConfigError,
+    FormatCfg,
+    ModelCfg,
+    OptimCfg,
+)
 
 FLOAT32_MAX = 3.4028234663852886e38
 INT_MAX = 2**31 - 1  # int fields end up in int32 arrays (caps, sizes, steps)
@@ -254,6 +261,17 @@ def _check_model(m: ModelCfg) -> None:
         raise ConfigError("model.rope_theta", f"must be > 0, got {m.rope_theta}.")
 
 
+def _check_format(f: FormatCfg) -> None:
+    from bmrl.formats import REPLY_FORMATS
+
+    _one_of("format.kind", f.kind, REPLY_FORMATS)
+    if f.system_prompt is not None and not isinstance(f.system_prompt, str):
+        raise ConfigError("format.system_prompt", f"must be text or null, got {type(f.system_prompt).__name__} "
+                          f"{f.system_prompt!r}; quote it in YAML.")
+    if f.system_prompt is not None and not f.system_prompt.strip():
+        raise ConfigError("format.system_prompt", "is blank; give the preamble text, or null for none.")
+
+
 def _check_optim(key: str, o: OptimCfg) -> None:
     _one_of(f"{key}.schedule", o.schedule, ("cosine", "constant"))
     if o.lr <= 0:
@@ -290,6 +308,7 @@ def validate(cfg: Config) -> None:
         raise ConfigError("rollout.temperature", f"must be >= 0 (0 = greedy), got {r.temperature}.")
     _positive(r, "rollout", ("top_k", "compact_min_rows"), minimum=0)
     _in_range("rollout.top_p", r.top_p, 0, 1, lo_open=True)
+    _check_format(cfg.format)
     e = cfg.eval
     check_caps("eval.ts", e.ts, r.max_turns, "every T of the surface must be a cap the rollout can run")
     _check_env(cfg, max(cap_range(b)[1], max(e.ts)))
@@ -347,14 +366,31 @@ def fitting_cap(cfg: Config, env, fmt, cap: int) -> int:
     return cap
 
 
+def _check_reply(cfg: Config, env, fmt) -> None:
+    """Refuse a `rollout.max_reply_tokens` that cannot hold the longest action (a Python env without
+    action strings: one token) in the run's reply format (think_answer: inside its answer tags) plus
+    the stop token."""
+    longest = max(env.max_action_len, 1)
+    need = getattr(fmt, "min_reply_tokens", lambda n: n + 1)(longest)
+    have = cfg.rollout.max_reply_tokens
+    if have >= need:
+        return
+    what = f"the longest action{' string' if cfg.env.kind == 'python' else ''} of {env.name} ({longest} tokens)"
+    if not env.max_action_len:
+        what = f"a one-token action of {env.name} (it lists no action strings)"
+    layout, fix = "plus the stop token", f"set it >= {need}"
+    if getattr(fmt, "reply_format", "action") != "action":
+        tags = len(fmt.answer_open) + len(fmt.answer_close)
+        layout = f"inside the {fmt.reply_format} answer tags ({tags} tokens) plus the stop token"
+        fix += " plus room for the reasoning, or set format.kind=action"
+    raise ConfigError("rollout.max_reply_tokens", f"{have} cannot hold {what} {layout}; {fix}.")
+
+
 def _check_fits_python(cfg: Config, env, fmt) -> list[str]:
     """A Python env's observations are known only as it runs: the buffer must hold the prompt, the
     longest first observation of the tasks and one reply; longer episodes stop as overflow."""
     r = cfg.rollout
-    if env.max_action_len and r.max_reply_tokens < fmt.min_reply_tokens(env.max_action_len):
-        need = fmt.min_reply_tokens(env.max_action_len)
-        raise ConfigError("rollout.max_reply_tokens", f"{r.max_reply_tokens} cannot hold the longest action string of "
-                          f"{env.name} ({env.max_action_len} tokens) plus the stop token; set it >= {need}.")
+    _check_reply(cfg, env, fmt)
     need = fmt.tokens_needed(1, env.max_obs_len, r.max_reply_tokens)
     if need > r.max_len:
         raise ConfigError("rollout.max_len", f"{r.max_len} cannot hold one turn of {env.name}: the prompt and the "
@@ -367,7 +403,8 @@ def check_fits(cfg: Config, env, fmt, budget) -> list[str]:
     """Check the context buffer against the caps of `budget` and eval.ts; returns (and warns) the
     non-fatal problems.
 
-    Refuses (`ConfigError`) a reply limit below the longest reply plus its stop token, and a
+    Refuses (`ConfigError`) a reply limit below the longest action in the run's reply format
+    (`format.kind`; think_answer: inside the answer tags) plus its stop token, and a
     `rollout.max_len` that cannot hold even the smallest cap (of the budget and of eval.ts) in the
     worst case, every reply at its token limit: the rollout refuses such a batch. Warns, with the
     numbers, when the largest cap or a full SFT demonstration may not fit: such sequences stop
@@ -376,13 +413,7 @@ def check_fits(cfg: Config, env, fmt, budget) -> list[str]:
     if cfg.env.kind == "python":
         return _check_fits_python(cfg, env, fmt)
     r = cfg.rollout
-    min_reply = getattr(fmt, "min_reply_tokens", lambda n: n + 1)(env.max_action_len)
-    if r.max_reply_tokens < min_reply:
-        raise ConfigError(
-            "rollout.max_reply_tokens",
-            f"{r.max_reply_tokens} cannot hold the longest action of {env.name} ({env.max_action_len} tokens) "
-            f"in its reply format plus the stop token; set it >= {min_reply}.",
-        )
+    _check_reply(cfg, env, fmt)
     smallest = min(cap_range(budget)[0], min(cfg.eval.ts))
     need = fmt.tokens_needed(smallest, env.max_obs_len, r.max_reply_tokens)
     if need > r.max_len:
