@@ -16,6 +16,7 @@ import json
 import math
 import os
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -98,10 +99,16 @@ class Progress:
     """A tqdm bar over train steps with live success rate and tokens/s; tqdm computes the ETA.
 
     Disabled when stderr is not a terminal or CI is set (logs stay clean), unless `enable=True`.
+    `on_step(n, total)`, called bar or no bar, every `every` steps (default: a tenth of `total`) and
+    at the last step, lets a caller report progress in plain lines (`bmrl.stages`).
     """
 
-    def __init__(self, total: int, initial: int = 0, enable: bool | None = None, desc: str = "train"):
+    def __init__(self, total: int, initial: int = 0, enable: bool | None = None, desc: str = "train",
+                 on_step: Callable[[int, int], Any] | None = None, every: int | None = None):
         from tqdm.auto import tqdm
+
+        self.n, self.total, self.on_step = initial, total, on_step
+        self.every = max(1, every or total // 10)
 
         if enable is None:
             enable = sys.stderr.isatty() and os.environ.get("CI", "").lower() not in ("1", "true")
@@ -110,6 +117,9 @@ class Progress:
     def update(self, n: int = 1, **postfix: float) -> None:
         self.bar.set_postfix({k: (f"{v:.3g}" if isinstance(v, float) else v) for k, v in postfix.items()}, refresh=False)
         self.bar.update(n)
+        before, self.n = self.n, self.n + n
+        if self.on_step is not None and (self.n // self.every > before // self.every or self.n >= self.total > before):
+            self.on_step(self.n, self.total)
 
     def write(self, text: str) -> None:
         self.bar.write(text, file=sys.stderr)

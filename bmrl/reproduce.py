@@ -5,7 +5,9 @@ errors but no recovery), then RL from that base under each budget variant of `re
 (a fixed generous budget, a fixed tight one, BudgetMix — same steps, same seed), then every policy
 evaluated on the same held-out tasks with Pass@(K,T) in exact mode, decision accuracy (on-policy and
 on a fixed probe set) and recovery (also with errors injected). Finished stages are skipped on a
-rerun (their summary.json exists), so a killed run resumes where it stopped.
+rerun (SFT and RL: their summary.json; evaluation: its results.json, JSON per-seed results made
+with the same config), so a killed run resumes where it stopped and a finished one re-renders its
+report and figures from the saved results in seconds. Progress: `bmrl.stages` (lines on stderr).
 
 The report states the study's three findings as measured claims, whichever way they come out:
   1. RL's gain over the base at the largest T against its gain at a small T;
@@ -22,6 +24,7 @@ import json
 import os
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -44,16 +47,6 @@ def stage_config(cfg: Config, seed: int, out_dir: str, **sections: dict) -> Conf
     for name, value in sections.items():
         data[name] = {**data[name], **value}
     return build(data)
-
-
-def _run_stage(name: str, fn: Callable[[Config], dict], cfg: Config, log: Callable[[str], Any]) -> dict:
-    path = os.path.join(cfg.out_dir, "summary.json")
-    if os.path.isfile(path):
-        log(f"[{name}] done already ({path}), skipped")
-        with open(path) as f:
-            return json.load(f)
-    log(f"[{name}] running -> {cfg.out_dir}")
-    return fn(cfg)
 
 
 # ---- statistics over pooled (seed, task) units ------------------------------------------------------
@@ -98,17 +91,19 @@ def _excludes_zero(e: dict) -> bool:
 
 
 def unit_metrics(result) -> dict[str, np.ndarray]:
-    """Per-task arrays of one EvalResult (NaN where a metric is undefined for a task)."""
+    """Per-task arrays of one EvalResult or `SavedEval` (NaN where a metric is undefined for a task)."""
     from bmrl.eval.decompose import decision_accuracy_per_task, recovery_per_task
+    from bmrl.eval.saved import SavedEval
 
+    result = SavedEval.of(result)
     ep = result.episodes
     out = {
         "surface": np.asarray(result.per_task, float),  # [N, K, T]
         "decision_accuracy": decision_accuracy_per_task(ep),
         "recovery": recovery_per_task(ep)[1],
     }
-    if result.probe is not None:  # per probe state; the probe set depends only on the seed, so pairs match
-        out["probe_accuracy_states"] = np.asarray(result.probe.correct, float)
+    if result.probe_correct is not None:  # per probe state; the probe set depends only on the seed, so pairs match
+        out["probe_accuracy_states"] = result.probe_correct
     if result.injected is not None:
         k1 = result.injected.ks.index(1) if 1 in result.injected.ks else 0
         out["injected_success"] = np.asarray(result.injected.per_task, float)[:, k1, -1]
@@ -259,12 +254,38 @@ def summary_table(pooled: dict, names: list[str], ks: tuple[int, ...], ts: tuple
 # ---- the pipeline ---------------------------------------------------------------------------------
 
 
-def reproduce(cfg: Config, *, log: Callable[[str], Any] = print) -> dict:
-    """Run the whole study for `cfg`; writes <out_dir>/report.md and summary.json; returns the summary."""
+def _evaluate_seed(cfg: Config, eval_cfg: Config, seed: int, dirs: dict[str, str], stages, results_path: str) -> None:
+    """The evaluation stage of one seed: every policy, its per-seed report, results.json (the stage's
+    mark); skipped when results.json exists, made with the same evaluation config."""
+    from bmrl.build import load_policy
     from bmrl.eval.report import write_report
     from bmrl.eval.run import evaluate_policies
+    from bmrl.eval.saved import load_results, save_results
+
+    if load_results(results_path, to_dict(eval_cfg)) is not None:
+        return stages.skip(f"seed {seed} - eval", f"done already: {results_path}")
+    stages.start(f"seed {seed} - eval", "eval")
+    rep = cfg.reproduce
+    policies = {name: load_policy(path) for name, path in dirs.items()}
+    results = evaluate_policies(eval_cfg, policies, inject_turns=[t_ - 1 for t_ in rep.inject_turns],
+                                inject_prob=rep.inject_prob, probe_noise=rep.probe_noise, window=rep.window,
+                                log=stages.note)
+    stages.note("writing the per-seed report")
+    write_report(eval_cfg.out_dir, results, baseline=BASE, title=f"bmrl reproduce, seed {seed}",
+                 settings={"seed": seed, "env": f"{cfg.env.name} {dict(cfg.env.options)}"})
+    save_results(results_path, results, to_dict(eval_cfg))
+    stages.finish()
+
+
+def reproduce(cfg: Config, *, log: Callable[[str], Any] = print, stages=None) -> dict:
+    """Run the whole study for `cfg`; writes <out_dir>/report.md and summary.json; returns the summary.
+
+    Stages already done are skipped (SFT and RL: their summary.json; evaluation: its results.json,
+    made with the same config), so a rerun of a finished run only re-renders the report and figures
+    from the saved results. `stages`: a `bmrl.stages.StageProgress` (default: lines on stderr)."""
+    from bmrl.eval.saved import load_results
     from bmrl.learn.sft import run_sft
-    from bmrl.build import load_policy
+    from bmrl.stages import StageProgress, run_stage
     from bmrl.train import train
 
     check_reproduce(cfg)
@@ -273,36 +294,59 @@ def reproduce(cfg: Config, *, log: Callable[[str], Any] = print) -> dict:
     os.makedirs(out, exist_ok=True)
     save(cfg, os.path.join(out, "config.yaml"))
     names = [BASE] + list(rep.variants)
+    stages = stages or StageProgress(0)
+    stages.plan((["sft"] + ["rl"] * len(rep.variants) + ["eval"]) * len(rep.seeds))
+    old_path = os.path.join(out, "summary.json")
+    old_times = {}
+    if os.path.isfile(old_path):
+        with open(old_path) as fh:
+            old_times = json.load(fh).get("stage_times_s", {})
     per_seed, seed_reports, stage_times, seed_results = [], [], {}, []
+
+    def timed(key: str, fn: Callable[..., Any], *args: Any) -> None:
+        """Run one stage; its time is measured when it ran, else the previous summary's."""
+        t, before = time.time(), stages.index - stages.skipped
+        fn(*args)
+        stage_times[key] = time.time() - t if stages.index - stages.skipped > before else old_times.get(key)
+
     for seed in rep.seeds:
         sdir = os.path.join(out, f"seed{seed}")
         sft_cfg = stage_config(cfg, seed, os.path.join(sdir, "sft"))
-        t = time.time()
-        _run_stage(f"seed {seed} sft", run_sft, sft_cfg, log)
-        stage_times[f"seed{seed}/sft"] = time.time() - t
+        timed(f"seed{seed}/sft", run_stage, stages, f"seed {seed} - SFT", "sft", partial(run_sft, log=stages.note), sft_cfg)
         base_dir = os.path.join(sft_cfg.out_dir, "policy")
         dirs = {BASE: base_dir}
-        for name, budget in rep.variants.items():
+        for name in rep.variants:
             rl_cfg = stage_config(cfg, seed, os.path.join(sdir, name), model={"path": base_dir},
                                   budget=to_dict(cfg)["reproduce"]["variants"][name])
-            t = time.time()
-            _run_stage(f"seed {seed} rl {name}", train, rl_cfg, log)
-            stage_times[f"seed{seed}/{name}"] = time.time() - t
+            timed(f"seed{seed}/{name}", run_stage, stages, f"seed {seed} - RL {name}", "rl",
+                  partial(train, on_step=stages.step), rl_cfg)
             dirs[name] = os.path.join(rl_cfg.out_dir, "policy")
-        t = time.time()
         eval_cfg = stage_config(cfg, seed, os.path.join(sdir, "eval"))
-        policies = {name: load_policy(path) for name, path in dirs.items()}
-        results = evaluate_policies(eval_cfg, policies, inject_turns=[t_ - 1 for t_ in rep.inject_turns],
-                                    inject_prob=rep.inject_prob, probe_noise=rep.probe_noise, window=rep.window,
-                                    log=log)
-        paths, _ = write_report(eval_cfg.out_dir, results, baseline=BASE, title=f"bmrl reproduce, seed {seed}",
-                                settings={"seed": seed, "env": f"{cfg.env.name} {dict(cfg.env.options)}"})
-        seed_reports.append(os.path.relpath(paths.get("report", os.path.join(eval_cfg.out_dir, "report.md")), out))
-        stage_times[f"seed{seed}/eval"] = time.time() - t
+        results_path = os.path.join(eval_cfg.out_dir, "results.json")
+        timed(f"seed{seed}/eval", _evaluate_seed, cfg, eval_cfg, seed, dirs, stages, results_path)
+        results = load_results(results_path)  # the saved results, on every run: a rerun re-renders the same report
+        seed_reports.append(os.path.relpath(os.path.join(eval_cfg.out_dir, "report.md"), out))
         per_seed.append({name: unit_metrics(r) for name, r in results.items()})
         seed_results.append({name: results[name] for name in (BASE, rep.generous)})
         ks, ts = results[BASE].ks, results[BASE].ts
 
+    if stages.skipped == stages.total:
+        stages.say(f"all {stages.total} stages done already: re-rendering report.md and figures from the saved results "
+            "(nothing trained or evaluated)")
+    summary = _render(cfg, names, per_seed, seed_results, ks, ts, seed_reports, stage_times)
+    log("\n" + summary["table_md"] + "\n")
+    for s in summary["sentences"]:
+        log(s)
+    log(f"\nreport: {os.path.join(out, 'report.md')} (this run {(time.time() - t0) / 60:.1f} min)")
+    return summary
+
+
+def _render(cfg: Config, names: list[str], per_seed: list[dict], seed_results: list[dict], ks, ts,
+            seed_reports: list[str], stage_times: dict) -> dict:
+    """Findings, verdicts, table, figures, report.md and summary.json from the per-seed results."""
+    from bmrl.eval.figures import study_figures
+
+    rep, out = cfg.reproduce, cfg.out_dir
     pooled = _pool(per_seed, names)
     resamples = max(cfg.eval.bootstrap, 200)
     f = findings(pooled, ks, ts, rep, resamples)
@@ -310,51 +354,27 @@ def reproduce(cfg: Config, *, log: Callable[[str], Any] = print) -> dict:
     sentences = [f[k]["sentence"] for k in ("F1", "F2", "F3")]
     details = finding_sentences(f, rep)
     table_md, table = summary_table(pooled, names, ks, ts, resamples)
-    figures = _figures(out, pooled, names, ks, ts, resamples)
-    wall = time.time() - t0
+    groups = pooled[GROUPS]["surface"] if len(per_seed) > 1 else None
+    figures = study_figures(out, pooled, names, ks, ts, f["F2"]["intervals"], rep.generous, resamples, BASE, groups)
+    wall = sum(v for v in stage_times.values() if v is not None)
     report = _report_md(cfg, sentences + ["Measured:"] + details, table_md, figures, seed_reports, wall, len(rep.seeds),
                         pooled[BASE]["surface"].shape[0])
     with open(os.path.join(out, "report.md"), "w") as fh:
         fh.write(report)
-    summary = {"findings": f, "sentences": sentences, "details": details, "table": table, "wall_time_s": wall, "stage_times_s": stage_times,
-               "seeds": list(rep.seeds), "units": int(pooled[BASE]["surface"].shape[0])}
+    summary = {"findings": f, "sentences": sentences, "details": details, "table": table, "wall_time_s": wall,
+               "stage_times_s": stage_times, "seeds": list(rep.seeds), "units": int(pooled[BASE]["surface"].shape[0]),
+               "figures": {k: os.path.relpath(v, out) for k, v in figures.paths.items()},
+               "colour_scales": figures.scales}
     with open(os.path.join(out, "summary.json"), "w") as fh:
         json.dump(summary, fh, indent=2, default=float)
-    log("\n" + table_md + "\n")
-    for s in sentences:
-        log(s)
-    log(f"\nreport: {os.path.join(out, 'report.md')} ({wall / 60:.1f} min)")
-    return summary
-
-
-def _figures(out: str, pooled: dict, names: list[str], ks, ts, resamples: int) -> dict[str, str]:
-    from bmrl.eval.plots import plot_difference_heatmap, plot_pass1_curves, plot_surface_heatmap
-
-    k1 = ks.index(1)
-    groups = pooled.get(GROUPS, {}).get("surface")
-    fig_dir = os.path.join(out, "figures")
-    curves = {}
-    paths = {}
-    for name in names:
-        s = pooled[name]["surface"]
-        curves[name] = _boot(lambda a: a[:, k1, :].mean(0), s, resamples=resamples, seed=13, groups=groups)
-        paths[f"surface_{name}"] = plot_surface_heatmap(s.mean(0), ks, ts, os.path.join(fig_dir, f"surface_{name}.png"),
-                                                        title=f"Pass@(K,T): {name}")
-    paths["pass1"] = plot_pass1_curves(ts, curves, os.path.join(fig_dir, "pass1_curves.png"),
-                                       title="Pass@(1,T), 95% bootstrap intervals over seeds and tasks")
-    for name in names[1:]:
-        d = pooled[name]["surface"] - pooled[BASE]["surface"]
-        est, lo, hi = _boot(lambda a: a.mean(0), d, resamples=resamples, seed=14, groups=groups)
-        paths[f"diff_{name}"] = plot_difference_heatmap(est, lo, hi, ks, ts, os.path.join(fig_dir, f"diff_{name}_vs_base.png"),
-                                                        title=f"{name} - base")
-    return paths
+    return {**summary, "table_md": table_md}
 
 
 def _report_md(cfg: Config, sentences, table_md, figures, seed_reports, wall, seeds, units) -> str:
     rep = cfg.reproduce
     variants = ", ".join(f"`{n}`: {b.kind} {b.budgets if b.kind != 'uniform' else [b.lo, b.hi]}"
                          + (f" p={b.probs}" if b.probs else "") for n, b in rep.variants.items())
-    rel = {k: os.path.relpath(v, cfg.out_dir) for k, v in figures.items()}
+    rel = {k: os.path.relpath(v, cfg.out_dir) for k, v in figures.paths.items()}
     lines = [
         "# What multi-turn RL bought: bmrl reproduce",
         "",
@@ -387,17 +407,28 @@ def _report_md(cfg: Config, sentences, table_md, figures, seed_reports, wall, se
         "",
         "## Figures",
         "",
-        f"![Pass@(1,T)]({rel['pass1']})",
+        f"![F1]({rel['f1_gain']})",
+        "",
+        figures.captions["f1_gain"],
+        "",
+        *([f"![F2]({rel['f2_states']})", "", figures.captions["f2_states"], ""] if "f2_states" in rel else []),
+        f"![F3]({rel['f3_pass']})",
+        "",
+        figures.captions["f3_pass"],
+        "",
+        *[f"![{k}]({v})" for k, v in rel.items() if k.startswith("surface_")],
+        "",
+        figures.captions["surfaces"],
         "",
         *[f"![{k}]({v})" for k, v in rel.items() if k.startswith("diff_")],
         "",
-        *[f"![{k}]({v})" for k, v in rel.items() if k.startswith("surface_")],
+        figures.captions["differences"],
         "",
         "## Per-seed reports",
         "",
         *[f"- [{p}]({p})" for p in seed_reports],
         "",
-        f"Wall time: {wall / 60:.1f} min. Config: `config.yaml`.",
+        f"Compute time: {wall / 60:.1f} min (the stages' wall times, in the runs that ran them). Config: `config.yaml`.",
         "",
     ]
     return "\n".join(lines)

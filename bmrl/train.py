@@ -25,6 +25,7 @@ import json
 import math
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -139,7 +140,8 @@ def _check_resume_config(saved: dict | None, cfg) -> list[str]:
     return sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k) and k not in ("out_dir", "train.steps"))
 
 
-def train(cfg, *, progress: bool | None = None, run: policy_lib.Run | None = None) -> dict:
+def train(cfg, *, progress: bool | None = None, run: policy_lib.Run | None = None,
+          on_step: Callable[[int, int], Any] | None = None) -> dict:
     """Run RL training for `cfg` (a validated `bmrl.config.Config`); returns the summary dict.
 
     Raises `NonFiniteError` after `cfg.train.max_nonfinite` non-finite updates in a row (the
@@ -228,7 +230,7 @@ def train(cfg, *, progress: bool | None = None, run: policy_lib.Run | None = Non
     compiles = lambda: sum(compile_counts().values())  # noqa: E731
 
     logger = MetricsLogger(out, start_step=start, keep_records=keep_records)
-    bar = Progress(total=t.steps, initial=start, enable=progress)
+    bar = Progress(total=t.steps, initial=start, enable=progress, on_step=on_step)
     compile_history: list[int] = []
 
     def run_eval(step: int) -> None:

@@ -8,7 +8,8 @@ import pytest
 
 from bmrl.cli import main
 from bmrl.config import load
-from bmrl.reproduce import BASE, _run_stage, findings, finding_sentences, stage_config, summary_table
+from bmrl.reproduce import BASE, finding_sentences, findings, stage_config, summary_table
+from bmrl.stages import StageProgress, run_stage
 
 KS, TS = (1, 2), (4, 8)
 
@@ -77,9 +78,10 @@ def test_stage_configs_and_skipping(tmp_path):
     os.makedirs(rl.out_dir)
     with open(os.path.join(rl.out_dir, "summary.json"), "w") as f:
         json.dump({"done": 1}, f)
-    calls = []
-    assert _run_stage("x", lambda c: calls.append(c) or {}, rl, log=lambda m: None) == {"done": 1}
-    assert not calls
+    calls, lines = [], []
+    stages = StageProgress(1, write=lines.append)
+    assert run_stage(stages, "x", "rl", lambda c: calls.append(c) or {}, rl) == {"done": 1}
+    assert not calls and stages.skipped == 1 and lines[0].startswith("[stage 1/1] x - skipped (done already")
 
 
 @pytest.mark.parametrize("override, key", [

@@ -1,7 +1,8 @@
 """`bmrl reproduce --config FILE`: SFT base, RL under each budget variant, evaluation, report.
 
 See `bmrl.reproduce`. Writes <out_dir>/report.md (findings, summary table, figures), summary.json and
-one directory per seed and stage; a rerun skips finished stages. Exit status 2 on a bad config.
+one directory per seed and stage; a rerun skips finished stages (a finished run only re-renders its report
+from the saved results). Progress: one line per stage event on stderr. Exit status 2 on a bad config.
 """
 
 from __future__ import annotations

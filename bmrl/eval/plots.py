@@ -1,7 +1,9 @@
 """PNG plots for evaluation reports (matplotlib, Agg canvas; pyplot's global state is never used).
 
 Every function writes one file and returns its path: Pass@(K,T) heatmap, difference heatmap with
-significance marks, Pass@(1,T) curves with interval bands, grouped bars with error bars.
+significance marks, curves over T with interval bands (one panel or several), grouped bars with
+error bars. Heatmaps compared side by side take one colour scale (`shared_scale`) through `vmin`,
+`vmax` (surfaces) and `bound` (differences, symmetric around 0).
 """
 
 from __future__ import annotations
@@ -37,18 +39,31 @@ def _ticks(ax, ks: Sequence[int], ts: Sequence[int]) -> None:
     ax.set_ylabel("K (attempts)")
 
 
+def shared_scale(arrays: Sequence[np.ndarray], *, symmetric: bool = False) -> tuple[float, float]:
+    """(vmin, vmax) covering every finite value of `arrays`; `symmetric`: (-b, b) with b = max |value|."""
+    values = np.concatenate([np.asarray(a, float).ravel() for a in arrays])
+    values = values[np.isfinite(values)]
+    if symmetric:
+        bound = max(float(np.abs(values).max()) if values.size else 0.0, 1e-6)
+        return -bound, bound
+    lo, hi = (float(values.min()), float(values.max())) if values.size else (0.0, 1.0)
+    return lo, max(hi, lo + 1e-6)
+
+
 def plot_surface_heatmap(
-    surface: np.ndarray, ks: Sequence[int], ts: Sequence[int], path: str | os.PathLike, *, title: str = "Pass@(K,T)"
+    surface: np.ndarray, ks: Sequence[int], ts: Sequence[int], path: str | os.PathLike, *, title: str = "Pass@(K,T)",
+    vmin: float = 0.0, vmax: float = 1.0,
 ) -> str:
-    """Heatmap of `surface: [len(ks), len(ts)]` in [0, 1]; values printed when the grid is small."""
+    """Heatmap of `surface: [len(ks), len(ts)]` on the colour scale [vmin, vmax]; values printed when
+    the grid is small."""
     surface = np.asarray(surface, float)
     fig = _figure(max(4.0, 0.35 * len(ts) + 2), max(3.0, 0.3 * len(ks) + 1.5))
     ax = fig.add_subplot()
-    im = ax.imshow(surface, origin="lower", aspect="auto", cmap="viridis", vmin=0.0, vmax=1.0)
+    im = ax.imshow(surface, origin="lower", aspect="auto", cmap="viridis", vmin=vmin, vmax=vmax)
     _ticks(ax, ks, ts)
     if surface.size <= 96:
         for (i, j), v in np.ndenumerate(surface):
-            ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=7, color="white" if v < 0.6 else "black")
+            ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=7, color="white" if v < vmin + 0.6 * (vmax - vmin) else "black")
     fig.colorbar(im, ax=ax, label="success probability")
     ax.set_title(title)
     return _save(fig, path)
@@ -65,13 +80,16 @@ def plot_difference_heatmap(
     title: str = "Pass@(K,T) difference",
     confidence: float = 0.95,
     significant: np.ndarray | None = None,
+    bound: float | None = None,
 ) -> str:
-    """Diverging heatmap of a difference surface; '*' marks significant cells (`significant`, e.g.
-    `SurfaceInterval.significant()`; by default the cells whose interval excludes 0)."""
+    """Diverging heatmap of a difference surface on [-bound, bound] (default: its own max |value|);
+    '*' marks significant cells (`significant`, e.g. `SurfaceInterval.significant()`; by default the
+    cells whose interval excludes 0)."""
     difference = np.asarray(difference, float)
     if significant is None:
         significant = (np.asarray(lower) > 0) | (np.asarray(upper) < 0)
-    bound = max(float(np.abs(difference).max()), 1e-6)
+    if bound is None:
+        bound = shared_scale([difference], symmetric=True)[1]
     fig = _figure(max(4.0, 0.35 * len(ts) + 2), max(3.0, 0.3 * len(ks) + 1.5))
     ax = fig.add_subplot()
     im = ax.imshow(difference, origin="lower", aspect="auto", cmap="RdBu", vmin=-bound, vmax=bound)
@@ -92,20 +110,37 @@ def plot_pass1_curves(
     ylabel: str = "Pass@(1,T)",
 ) -> str:
     """One line per run over T with its (lower, upper) band; `curves[name] = (estimate, lower, upper)`."""
-    fig = _figure(6.0, 4.0)
-    ax = fig.add_subplot()
-    for name, (est, lo, hi) in curves.items():
-        (line,) = ax.plot(ts, est, marker="o", markersize=3, label=name)
-        ax.fill_between(ts, lo, hi, color=line.get_color(), alpha=0.2, linewidth=0)
+    return plot_curve_panels(ts, {ylabel: curves}, path, title=title)
+
+
+def plot_curve_panels(
+    ts: Sequence[int],
+    panels: Mapping[str, Mapping[str, tuple[np.ndarray, np.ndarray, np.ndarray]]],
+    path: str | os.PathLike,
+    *,
+    title: str = "",
+    probabilities: bool = True,
+) -> str:
+    """One panel per `panels[ylabel]`, side by side; in each, one line per run over T with its
+    (lower, upper) band. `probabilities`: y from 0 to 1; otherwise free, with a line at 0 (differences)."""
     from matplotlib.ticker import MaxNLocator
 
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_xlabel("T (turn cap)")
-    ax.set_ylabel(ylabel)
-    ax.set_ylim(-0.02, 1.02)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    ax.set_title(title)
+    fig = _figure(6.0 * len(panels), 4.0)
+    axes = fig.subplots(1, len(panels), squeeze=False)[0]
+    for ax, (ylabel, curves) in zip(axes, panels.items()):
+        for name, (est, lo, hi) in curves.items():
+            (line,) = ax.plot(ts, est, marker="o", markersize=3, label=name)
+            ax.fill_between(ts, lo, hi, color=line.get_color(), alpha=0.2, linewidth=0)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_xlabel("T (turn cap)")
+        ax.set_ylabel(ylabel)
+        if probabilities:
+            ax.set_ylim(-0.02, 1.02)
+        else:
+            ax.axhline(0.0, color="black", linewidth=0.8)
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.suptitle(title)
     return _save(fig, path)
 
 

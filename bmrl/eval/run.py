@@ -41,12 +41,12 @@ def evaluate_policies(
     common = dict(rollout_cfg=rcfg, window=window)
     python = cfg.env.kind == "python"
     results = {}
-    for name, (model, tokenizer) in policies.items():
+    for i, (name, (model, tokenizer)) in enumerate(policies.items(), 1):
         run = pol.build_run(cfg, tokenizer)  # this policy's tokenizer: env, format, checked buffer
         env, fmt = run.env, run.fmt
         tasks = pol.split_tasks(cfg, "test", e.num_tasks, run=run)
         num = len(tasks) if python else e.num_tasks
-        log(f"eval {name}: {num} tasks x {e.attempts} attempts, T in {list(e.ts)}, mode {e.mode}")
+        log(f"eval {name} (policy {i}/{len(policies)}): {num} tasks x {e.attempts} attempts, T in {list(e.ts)}, mode {e.mode}")
         result = evaluate(model, env, tasks, key=key, mode=e.mode, fmt=fmt, ts=e.ts, ks=e.ks,
                           attempts=e.attempts, bootstrap=e.bootstrap, **common)
         if python:

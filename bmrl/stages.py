@@ -1,0 +1,108 @@
+"""Stage progress of a job made of stages (`bmrl reproduce`): one line per event on stderr, TTY or not.
+
+    stages = StageProgress(total=6)
+    run_stage(stages, "seed 0 - SFT", "sft", run_sft, cfg)          # skipped if cfg.out_dir/summary.json exists
+    stages.start("seed 0 - RL budgetmix", "rl"); stages.step(12, 30); stages.finish()
+
+prints lines like `[stage 4/19] seed 2 - RL budgetmix - step 12/30 - eta 14 min`.
+
+ETA rule: every stage of a kind ("sft", "rl", "eval") is expected to take the mean wall time of the
+stages of that kind finished (run, not skipped) so far, or, before one of its kind has finished, the
+mean of all finished stages. The ETA is what the current stage has left of its expectation (never
+below 0) plus the expectation of every stage not yet started (those that will turn out to be
+skipped included). Before any stage has finished it is `eta ?`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+
+class StageProgress:
+    """Counts the stages of a run (started or skipped) and writes one line per event."""
+
+    def __init__(self, total: int, *, write: Callable[[str], Any] | None = None,
+                 clock: Callable[[], float] = time.monotonic):
+        self.total = int(total)
+        self.index = 0
+        self.label = ""
+        self.kind = ""
+        self.started = 0.0
+        self.done: list[tuple[str, float]] = []  # (kind, seconds) of stages run to the end
+        self.skipped = 0
+        self._kinds: list[str] = []  # kinds of the stages not yet started, when known (`plan`)
+        self._write = write or (lambda line: print(line, file=sys.stderr, flush=True))
+        self._clock = clock
+
+    def plan(self, kinds: list[str]) -> None:
+        """The kinds of all stages in order (sharpens the ETA; the total is len(kinds))."""
+        self.total, self._kinds = len(kinds), list(kinds)
+
+    def _expect(self, kind: str) -> float | None:
+        same = [s for k, s in self.done if k == kind]
+        pool = same or [s for _, s in self.done]
+        return sum(pool) / len(pool) if pool else None
+
+    def eta(self) -> str:
+        """`eta N min` by the module's rule, or `eta ?` before any stage has finished."""
+        if not self.done:
+            return "eta ?"
+        left = 0.0
+        if self.kind:  # the stage under way
+            left += max(0.0, (self._expect(self.kind) or 0.0) - (self._clock() - self.started))
+        for kind in self._kinds[self.index:] if self._kinds else [""] * (self.total - self.index):
+            left += self._expect(kind) or 0.0
+        minutes = left / 60
+        return "eta <1 min" if minutes < 1 else f"eta {minutes:.0f} min"
+
+    def line(self, *parts: str) -> str:
+        return " - ".join([f"[stage {self.index}/{self.total}] {self.label}", *parts])
+
+    def _emit(self, *parts: str) -> None:
+        self._write(self.line(*parts))
+
+    def say(self, text: str) -> None:
+        """A plain line about the whole run (no stage prefix)."""
+        self._write(text)
+
+    def start(self, label: str, kind: str) -> None:
+        self.index, self.label, self.kind, self.started = self.index + 1, label, kind, self._clock()
+        self._emit("started", self.eta())
+
+    def skip(self, label: str, why: str = "done already") -> None:
+        self.index, self.label, self.kind = self.index + 1, label, ""
+        self.skipped += 1
+        self._emit(f"skipped ({why})")
+
+    def step(self, n: int, total: int) -> None:
+        """Step progress of the stage under way (e.g. from `bmrl.metrics.Progress`'s `on_step`)."""
+        self._emit(f"step {n}/{total}", self.eta())
+
+    def note(self, text: str) -> None:
+        """A message of the stage under way, e.g. which policy is being evaluated."""
+        self._emit(text, self.eta())
+
+    def finish(self) -> None:
+        seconds = self._clock() - self.started
+        self.done.append((self.kind, seconds))
+        self.kind = ""
+        self._emit(f"done in {seconds / 60:.1f} min", self.eta())
+
+
+def run_stage(stages: StageProgress, label: str, kind: str, fn: Callable[[Any], dict], cfg: Any,
+              marker: str = "summary.json") -> dict:
+    """`fn(cfg)` as one stage; skipped (its saved summary returned) when `cfg.out_dir/marker` exists."""
+    path = os.path.join(cfg.out_dir, marker)
+    if os.path.isfile(path):
+        stages.skip(label, f"done already: {path}")
+        with open(path) as f:
+            return json.load(f)
+    stages.start(label, kind)
+    out = fn(cfg)
+    stages.finish()
+    return out

@@ -1,0 +1,175 @@
+"""`bmrl reproduce` around its statistics: stage lines on stderr, a rerun that re-renders the report
+from the saved results, the figures (one per finding, shared colour scales) and report.md's tables."""
+
+import contextlib
+import io
+import json
+import os
+import re
+import types
+
+import numpy as np
+import pytest
+
+from bmrl.metrics import Progress
+from bmrl.stages import StageProgress, run_stage
+from tests.test_markdown import gfm_tables
+
+LINE = re.compile(r"^\[stage (\d+)/(\d+)\] (seed \d+ - (?:SFT|RL \S+|eval)) - (.+)$")
+TINY = ["sft.steps=3", "sft.batch_size=4", "train.steps=2", "train.tasks_per_step=2", "train.group_size=2",
+        "eval.num_tasks=4", "eval.attempts=4", "eval.ks=[1,4]", "eval.ts=[4,8]", "eval.probe_states=8",
+        "eval.bootstrap=20", "data.train_size=64", "data.test_size=16", "reproduce.variants.budgetmix.budgets=[4,8]"]
+
+
+class Clock:
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self):
+        return self.t
+
+
+def test_stage_lines_numbering_skips_and_eta(tmp_path, capsys):
+    """Lines on stderr (not a TTY here), one per event; ETA from finished stages by kind, `eta ?` before."""
+    clock = Clock()
+    stages = StageProgress(0, clock=clock)
+    stages.plan(["sft", "rl", "rl", "eval"])
+    done = tmp_path / "sft"
+    done.mkdir()
+    (done / "summary.json").write_text('{"x": 1}')
+
+    def cfg(d):
+        return types.SimpleNamespace(out_dir=str(d))
+
+    def rl(c, minutes):
+        for i in (1, 2):
+            clock.t += 30 * minutes
+            stages.step(i, 2)
+        return {}
+
+    assert run_stage(stages, "seed 0 - SFT", "sft", lambda c: 1 / 0, cfg(done)) == {"x": 1}
+    run_stage(stages, "seed 0 - RL a", "rl", lambda c: rl(c, 10), cfg(tmp_path / "a"))
+    run_stage(stages, "seed 0 - RL b", "rl", lambda c: rl(c, 4), cfg(tmp_path / "b"))
+    stages.start("seed 0 - eval", "eval")
+    stages.note("eval base (policy 1/2)")
+    out, err = capsys.readouterr()
+    assert out == ""
+    lines = err.splitlines()
+    parsed = [LINE.match(x).groups() for x in lines]
+    assert [(int(i), int(n)) for i, n, _, _ in parsed] == [(1, 4)] + [(2, 4)] * 4 + [(3, 4)] * 4 + [(4, 4)] * 2
+    assert lines[0].startswith("[stage 1/4] seed 0 - SFT - skipped (done already: ")
+    assert lines[1:3] == ["[stage 2/4] seed 0 - RL a - started - eta ?", "[stage 2/4] seed 0 - RL a - step 1/2 - eta ?"]
+    # RL a took 10 min: RL b is expected to take 10 (5 left after its first step), the eval the mean, 10.
+    assert lines[4] == "[stage 2/4] seed 0 - RL a - done in 10.0 min - eta 20 min"
+    assert lines[6] == "[stage 3/4] seed 0 - RL b - step 1/2 - eta 18 min"
+    assert lines[8] == "[stage 3/4] seed 0 - RL b - done in 4.0 min - eta 7 min"  # rl mean 7 min, eval 7
+    assert lines[10] == "[stage 4/4] seed 0 - eval - eval base (policy 1/2) - eta 7 min"
+    assert stages.skipped == 1
+
+
+def test_progress_calls_on_step_every_tenth_and_at_the_end():
+    calls = []
+    bar = Progress(total=25, enable=False, on_step=lambda n, t: calls.append((n, t)))
+    for _ in range(25):
+        bar.update(success=0.5)
+    bar.close()
+    assert calls == [(n, 25) for n in (2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 25)]
+    calls.clear()
+    bar = Progress(total=30, initial=20, enable=False, on_step=lambda n, t: calls.append(n))
+    bar.update(5)
+    bar.update(5)
+    assert calls == [25, 30]  # a tenth of 30 is 3: 20 -> 25 and 25 -> 30 each cross a multiple of it
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    """The tiny study run once (every stage for real): its out_dir and stderr lines."""
+    from bmrl.config import load
+    from bmrl.reproduce import reproduce
+
+    out = tmp_path_factory.mktemp("reproduce")
+    cfg = load("configs/quickstart.yaml", [f"out_dir={out}", *TINY])
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        reproduce(cfg)
+    return out, cfg, err.getvalue().splitlines()
+
+
+def test_first_run_says_every_stage(tiny_run):
+    _, _, lines = tiny_run
+    stage = [LINE.match(x).groups() for x in lines if LINE.match(x)]
+    assert {int(n) for _, n, _, _ in stage} == {5}  # SFT, three RL variants, evaluation
+    assert [int(i) for i, _, _, what in stage if what.startswith("started")] == [1, 2, 3, 4, 5]
+    assert [int(i) for i, _, _, what in stage if what.startswith("done in")] == [1, 2, 3, 4, 5]
+    assert sum(what.startswith("step 2/2") for _, _, _, what in stage) == 3  # each RL stage's steps
+    for k in range(1, 5):  # the evaluation says which policy it is on
+        assert any(f"(policy {k}/4)" in what for i, _, _, what in stage if i == "5")
+    assert stage[0][3] == "started - eta ?" and "eta ?" not in stage[-1][3]
+
+
+def test_rerun_re_renders_from_saved_results(tiny_run, monkeypatch):
+    from bmrl import build, train
+    from bmrl.eval import run
+    from bmrl.learn import sft
+    from bmrl.reproduce import reproduce
+
+    out, cfg, _ = tiny_run
+    before = {f: (out / f).read_text() for f in ("summary.json", "report.md")}
+    for f in (out / "figures").iterdir():
+        f.unlink()
+
+    def refuse(*a, **k):
+        raise AssertionError("a finished run trained or evaluated again")
+
+    for mod, name in ((sft, "run_sft"), (train, "train"), (run, "evaluate_policies"), (build, "load_policy")):
+        monkeypatch.setattr(mod, name, refuse)
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        reproduce(cfg)
+    lines = err.getvalue().splitlines()
+    assert [x.split(" - ")[-1].split(":")[0] for x in lines[:5]] == ["skipped (done already"] * 5
+    assert lines[5].startswith("all 5 stages done already: re-rendering report.md and figures from the saved results")
+    after = {f: (out / f).read_text() for f in ("summary.json", "report.md")}
+    assert after == before
+    s = json.loads(after["summary.json"])
+    for key in ("findings", "sentences", "details", "table"):
+        assert s[key]
+    for rel in s["figures"].values():
+        assert (out / rel).is_file() and f"]({rel})" in after["report.md"]
+
+
+def test_report_figures_and_tables(tiny_run):
+    out, _, _ = tiny_run
+    report = (out / "report.md").read_text()
+    summary = json.loads((out / "summary.json").read_text())
+    assert {"f1_gain", "f2_states", "f3_pass"} <= set(summary["figures"])
+    assert report.count("95% bootstrap interval over seeds and tasks") >= 4
+    tables = gfm_tables(report)
+    assert len(tables) == 1 and len(tables[0]) == 1 + 4 and tables[0][0][0] == "policy"
+    for seed_report in re.findall(r"\]\((seed\d+/eval/report\.md)\)", report):
+        gfm_tables((out / seed_report).read_text())
+
+
+def test_heatmaps_share_one_colour_scale(tmp_path, monkeypatch):
+    """Every surface heatmap gets the same (vmin, vmax) covering all of them; every difference heatmap
+    the same bound, symmetric around 0, covering every difference."""
+    from bmrl.eval import figures, plots
+
+    calls = {"surface": [], "difference": []}
+    real_s, real_d = plots.plot_surface_heatmap, plots.plot_difference_heatmap
+    monkeypatch.setattr(plots, "plot_surface_heatmap",
+                        lambda s, *a, **k: calls["surface"].append((np.asarray(s), k["vmin"], k["vmax"])) or real_s(s, *a, **k))
+    monkeypatch.setattr(plots, "plot_difference_heatmap",
+                        lambda d, *a, **k: calls["difference"].append((np.asarray(d), k["bound"])) or real_d(d, *a, **k))
+    rng = np.random.default_rng(0)
+    ks, ts = (1, 2, 4), (2, 4, 8)
+    pooled = {n: {"surface": np.clip(rng.random((20, 3, 3)) * scale, 0, 1)}
+              for n, scale in (("base", 0.3), ("a", 0.6), ("b", 1.0))}
+    f = figures.study_figures(str(tmp_path), pooled, ["base", "a", "b"], ks, ts, {}, "a", resamples=20)
+    (vmin, vmax), (lo, hi) = f.scales["surface"], f.scales["difference"]
+    assert len(calls["surface"]) == 3 and len(calls["difference"]) == 2
+    assert {(a, b) for _, a, b in calls["surface"]} == {(vmin, vmax)}
+    assert vmin == min(s.min() for s, _, _ in calls["surface"]) and vmax == max(s.max() for s, _, _ in calls["surface"])
+    assert {b for _, b in calls["difference"]} == {hi} and lo == -hi
+    assert hi == max(np.abs(d).max() for d, _ in calls["difference"])
+    assert "f2_states" not in f.paths and all(os.path.isfile(p) for p in f.paths.values())
