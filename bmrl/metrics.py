@@ -53,6 +53,16 @@ def read_jsonl(path: str | os.PathLike) -> list[dict]:
     return out
 
 
+def write_jsonl_atomic(path: str | os.PathLike, records: list[dict]) -> None:
+    """Rewrite a JSONL file with `records` through a temporary file and a rename (a kill leaves the
+    old file, never a cut one)."""
+    tmp = f"{os.fspath(path)}.tmp"
+    with open(tmp, "w") as f:
+        for r in records:
+            f.write(json.dumps(r, default=str) + "\n")
+    os.replace(tmp, path)
+
+
 class MetricsLogger:
     """Append-only JSONL (`out_dir/metrics.jsonl`) and TensorBoard (`out_dir/tb`) of scalar metrics."""
 
@@ -64,11 +74,7 @@ class MetricsLogger:
             kept = read_jsonl(self.path)[: max(int(keep_records), 0)]
         else:
             kept = [r for r in read_jsonl(self.path) if r.get("step", 0) <= start_step] if start_step else []
-        tmp = self.path + ".tmp"
-        with open(tmp, "w") as f:  # atomically: a kill here leaves the old file, not a cut one
-            for r in kept:
-                f.write(json.dumps(r) + "\n")
-        os.replace(tmp, self.path)
+        write_jsonl_atomic(self.path, kept)
         self.count = len(kept)  # records in the file (a checkpoint stores it: see keep_records)
         self._file = open(self.path, "a", buffering=1)
         self._tb = None

@@ -41,7 +41,7 @@ from bmrl.distributed import to_host
 from bmrl.checkpoint import Checkpointer, key_data, probe_writable
 from bmrl.learn import make_optimizer
 from bmrl.learn import step as step_lib
-from bmrl.metrics import MetricsLogger, Progress, to_scalar, write_json_atomic
+from bmrl.metrics import MetricsLogger, Progress, read_jsonl, to_scalar, write_json_atomic, write_jsonl_atomic
 from bmrl.parallel import make_mesh, param_shardings, shard_batch, state_shardings
 from bmrl.rollout import Injection, check_config, make_rollout
 
@@ -230,6 +230,8 @@ def train(cfg, *, progress: bool | None = None, run: policy_lib.Run | None = Non
     compiles = lambda: sum(compile_counts().values())  # noqa: E731
 
     logger = MetricsLogger(out, start_step=start, keep_records=keep_records)
+    if python:  # faults logged after the checkpoint resumed from are logged again by the replayed steps
+        _keep_faults_up_to(out, start)
     bar = Progress(total=t.steps, initial=start, enable=progress, on_step=on_step)
     compile_history: list[int] = []
 
@@ -318,6 +320,13 @@ def train(cfg, *, progress: bool | None = None, run: policy_lib.Run | None = Non
     }
     write_json_atomic(os.path.join(out, "summary.json"), summary)
     return summary
+
+
+def _keep_faults_up_to(out: str, step: int) -> None:
+    """Drop the lines of `out`/faults.jsonl after `step` (a resume replays those steps and logs them again)."""
+    path = os.path.join(out, "faults.jsonl")
+    if jax.process_index() == 0 and os.path.exists(path):
+        write_jsonl_atomic(path, [r for r in read_jsonl(path) if r.get("step", 0) <= step])
 
 
 def _log_faults(out: str, step: int, faults: list, tasks: list) -> None:

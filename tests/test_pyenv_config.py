@@ -79,6 +79,19 @@ def test_train_then_eval_a_python_env_from_a_config(tmp_path, monkeypatch, capsy
     saved = (tmp_path / "run" / "config.yaml").read_text()
     assert str(tmp_path / "conf" / "tasks.jsonl") in saved  # the run's config stands on its own
 
+    # A run killed after logging step 3's faults but before its checkpoint: the resume replays step 3
+    # and its faults are in the file once (the stale line is dropped).
+    with open(tmp_path / "run" / "faults.jsonl", "a") as f:
+        f.write(json.dumps({"step": 3, "row": 0, "task": {"id": "stale"}, "turn": 0, "kind": "exception",
+                            "message": "from the killed run"}) + "\n")
+    assert main(["train", "--config", cfg, "out_dir=run", "train.steps=3", "--no-progress"]) == 0
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    step3 = [r["rollout/faults"] for r in records if "rollout/faults" in r and r["step"] == 3]
+    logged = [json.loads(line) for line in (tmp_path / "run" / "faults.jsonl").read_text().splitlines()]
+    assert len(step3) == 1 and [x for x in logged if x["step"] <= 2] == logged[: sum(faults)]
+    assert len([x for x in logged if x["step"] == 3]) == step3[0]
+    assert all(x["task"]["id"] != "stale" for x in logged)
+
     capsys.readouterr()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
