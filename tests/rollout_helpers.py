@@ -1,6 +1,5 @@
 """A tiny random policy wired to answer in actions, so rollouts act for real."""
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 

@@ -12,12 +12,11 @@ import sys
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
 from flax import nnx
 
 from bmrl import config as config_lib
-from bmrl.learn import make_optimizer, skip_nonfinite
+from bmrl.learn import make_optimizer
 from bmrl.learn import step as step_lib
 from bmrl.memory import MemoryPlanError, activation_bytes, plan_memory
 from bmrl.model import ModelConfig, init_model

@@ -79,7 +79,6 @@ def test_every_parameter_has_its_intended_rule(arch):
     and every parameter kind of the decoder is listed in INTENDED."""
     model = init_model(ModelConfig.tiny(vocab_size=64, hidden_size=32, **arch), 0)
     _, state = nnx.split(model)
-    mesh = FakeMesh()
     paths = [_path_str(p) for p, _ in jax.tree_util.tree_flatten_with_path(state)[0]]
     seen = set()
     for path in paths:

@@ -20,7 +20,6 @@ Llama-3/Qwen2 regex glues a newline to the punctuation before it.
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 from flax import struct
 

@@ -330,7 +330,7 @@ def _markdown(title, description, settings, results, baseline, diffs, comparison
     for label, c in comparisons.items():
         lines += [f"- {s}" for s in c["audit"]]
         lines.append(f"- {c['verdict']}")
-    lines += ["", f"![Pass@(1,T)](pass1_curves.png)", "", "![decomposition](decomposition.png)", ""]
+    lines += ["", "![Pass@(1,T)](pass1_curves.png)", "", "![decomposition](decomposition.png)", ""]
 
     for n, r in results.items():
         lines += [
