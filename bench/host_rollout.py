@@ -31,13 +31,10 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from bench.rollout import corridor_workload  # noqa: E402
 from bmrl import compiles  # noqa: E402
-from bmrl.envs import corpus, make  # noqa: E402
-from bmrl.model.tokenizer import train_tiny_tokenizer  # noqa: E402
-from bmrl.rollout import RolloutConfig, default_format, rollout  # noqa: E402
+from bmrl.rollout import rollout  # noqa: E402
 from bmrl.rollout.host import HostConfig, host_rollout  # noqa: E402
-from bmrl.sampling import SamplingConfig  # noqa: E402
-from tests.rollout_helpers import steered_policy  # noqa: E402
 
 
 class PyCorridor:
@@ -93,14 +90,8 @@ def main() -> None:
     args = ap.parse_args()
     repeats = args.repeats or (1 if args.quick else 2)
 
-    tok = train_tiny_tokenizer(corpus(["corridor"], observations=False), 384)
-    env = make("corridor", tok, length=64, eps=0.1)
-    fmt = default_format(env)
-    policy = steered_policy(env, fmt, seed=0, scale=3.0)
-    reply, max_turns = env.max_action_len + 2, 16
-    max_len = fmt.tokens_needed(max_turns, env.max_obs_len, reply)
-    cfg = RolloutConfig(max_turns=max_turns, max_reply_tokens=reply, max_len=max_len,
-                        sampling=SamplingConfig(temperature=1.0))
+    tok, env, fmt, policy, cfg = corridor_workload(16)
+    reply, max_len = cfg.max_reply_tokens, cfg.max_len
     check = PyCorridor()
     assert check.reset(seed=0, options={"seed": 0})[0].startswith("Position ") and len(tok.encode(check._text())) <= env.max_obs_len
     print(f"device={jax.devices()[0].platform} env=corridor(L=64) max_len={max_len} reply_tokens={reply}", flush=True)

@@ -85,6 +85,21 @@ def decode_ceiling(policy, batch: int, context: int, steps: int, max_len: int, r
     return batch * steps / t
 
 
+def corridor_workload(max_turns: int):
+    """The rollout benches' workload: a 64-cell corridor, the tiny tokenizer, a steered tiny policy and
+    a RolloutConfig (temperature 1) whose buffer holds `max_turns` turns. Returns (tokenizer, env,
+    format, policy, config); `bench/host_rollout.py` measures the same one."""
+    tok = train_tiny_tokenizer(corpus(["corridor"], observations=False), 384)
+    env = make("corridor", tok, length=64, eps=0.1)
+    fmt = default_format(env)
+    policy = steered_policy(env, fmt, seed=0, scale=3.0)
+    reply = env.max_action_len + 2
+    cfg = RolloutConfig(max_turns=max_turns, max_reply_tokens=reply,
+                        max_len=fmt.tokens_needed(max_turns, env.max_obs_len, reply),
+                        sampling=SamplingConfig(temperature=1.0))
+    return tok, env, fmt, policy, cfg
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="fewer repeats (under 5 minutes on 2 idle cores)")
@@ -93,14 +108,8 @@ def main() -> None:
     args = ap.parse_args()
     repeats = args.repeats or (1 if args.quick else 3)
 
-    tok = train_tiny_tokenizer(corpus(["corridor"], observations=False), 384)
-    env = make("corridor", tok, length=64, eps=0.1)
-    fmt = default_format(env)
-    policy = steered_policy(env, fmt, seed=0, scale=3.0)
-    reply = env.max_action_len + 2
-    max_len = fmt.tokens_needed(MAX_TURNS, env.max_obs_len, reply)
-    base = RolloutConfig(max_turns=MAX_TURNS, max_reply_tokens=reply, max_len=max_len,
-                         sampling=SamplingConfig(temperature=1.0))
+    tok, env, fmt, policy, base = corridor_workload(MAX_TURNS)
+    reply, max_len = base.max_reply_tokens, base.max_len
     compact = dataclasses.replace(base, compact_min_rows=8)
     print(f"device={jax.devices()[0].platform} env=corridor(L=64) max_len={max_len} reply_tokens={reply} "
           f"prefix={len(fmt.prefix)} tokens")
