@@ -11,15 +11,13 @@ import pytest
 from flax import nnx
 
 from bmrl import compiles
-from bmrl.model import ModelConfig, init_model
+from bmrl.model import init_model
 from bmrl.model.attention import attend, attend_cache
-
-VOCAB = 97
-LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-          "original_max_position_embeddings": 8}
-CONFIG = ModelConfig.tiny(VOCAB, hidden_size=32, num_attention_heads=4, num_key_value_heads=2, attention_bias=True,
-                          rope_theta=5e5, rope_scaling=LLAMA3)
-TOL = 1e-5
+from tests.test_model_cache import (  # the cache tests' model: GQA, biases, llama3 rope
+    CONFIG,
+    TOL,
+    VOCAB,
+)
 
 
 @pytest.fixture(scope="module")
