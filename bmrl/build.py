@@ -30,7 +30,7 @@ __all__ = [
 SPLITS = ("train", "test")
 
 
-def build_tokenizer(cfg: Config):
+def build_tokenizer(cfg: Config, parts: tuple | None = None):
     """The run's tokenizer: the HF directory's when `model.path` is set, else a tiny byte-level BPE
     trained on the environment's own text with `model.vocab_size` entries: a JAX env's fragments
     (`bmrl.envs.corpus`); a Python env's instructions, first observations over the tasks (the first
@@ -39,10 +39,11 @@ def build_tokenizer(cfg: Config):
     With `format.kind=think_answer` the tiny tokenizer also gets the think/answer tags as special
     tokens (`bmrl.formats.add_tag_tokens`): short replies, and tags that never merge with the text.
     Deterministic: the same env (and tasks), vocab size and format kind always give the same vocabulary.
+    `parts`: a Python env's `python_parts(cfg)` when the caller has them already (read once per run).
     """
     if cfg.model.path is not None:
         return _hf_tokenizer(cfg.model.path)
-    tokenizer = _tiny_tokenizer(cfg)
+    tokenizer = _tiny_tokenizer(cfg, parts)
     if cfg.format.kind == "think_answer":
         from bmrl.formats import add_tag_tokens
 
@@ -50,14 +51,14 @@ def build_tokenizer(cfg: Config):
     return tokenizer
 
 
-def _tiny_tokenizer(cfg: Config):
+def _tiny_tokenizer(cfg: Config, parts: tuple | None):
     from bmrl.envs import corpus
     from bmrl.model.tokenizer import train_tiny_tokenizer
 
     if cfg.env.kind == "python":
         from bmrl.rollout.pyenv import DEFAULT_INSTRUCTIONS
 
-        factory, _, observations = python_parts(cfg)
+        factory, _, observations = parts or python_parts(cfg)
         probe = factory()
         texts = [str(getattr(probe, "instructions", None) or DEFAULT_INSTRUCTIONS), *observations,
                  *(str(a) for a in (getattr(probe, "action_strings", None) or ()))]
@@ -182,15 +183,16 @@ def host_config(cfg: Config):
     return HostConfig(step_timeout_s=cfg.env.step_timeout_s, workers=cfg.env.workers, on_fault=cfg.env.on_fault)
 
 
-def make_env(cfg: Config, tokenizer):
+def make_env(cfg: Config, tokenizer, parts: tuple | None = None):
     """The environment of the `env` section for `tokenizer`: a JAX `Env` (its options and
-    `show_budget`), or for kind python a `bmrl.rollout.pyenv.PythonEnv` with its tasks."""
+    `show_budget`), or for kind python a `bmrl.rollout.pyenv.PythonEnv` with its tasks (from `parts`,
+    `python_parts(cfg)`, when given)."""
     from bmrl.envs import make
 
     if cfg.env.kind == "python":
         from bmrl.rollout.pyenv import PythonEnv
 
-        factory, tasks, observations = python_parts(cfg)
+        factory, tasks, observations = parts or python_parts(cfg)
         return PythonEnv.build(cfg.env.entry, factory, tasks, tokenizer, host_config(cfg), texts=observations)
 
     options = dict(cfg.env.options)
@@ -273,8 +275,9 @@ def build_run(cfg: Config, tokenizer=None) -> Run:
     action in the reply format,
     the mesh against the devices. Raises ConfigError naming the key.
     """
-    tokenizer = build_tokenizer(cfg) if tokenizer is None else tokenizer
-    env = make_env(cfg, tokenizer)
+    parts = python_parts(cfg) if cfg.env.kind == "python" else None  # user code imported and reset once
+    tokenizer = build_tokenizer(cfg, parts) if tokenizer is None else tokenizer
+    env = make_env(cfg, tokenizer, parts)
     fmt = run_format(cfg, env)
     budget = make_budget(cfg.budget)
     problems = check_fits(cfg, env, fmt, budget)
