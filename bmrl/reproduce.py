@@ -1,7 +1,7 @@
 """`bmrl reproduce`: the study end to end, on one machine.
 
 For every seed of `reproduce.seeds`: an SFT base policy (noisy-oracle demonstrations that show
-errors but no recovery), then RL from that base under each budget variant of `reproduce.variants`
+errors, and the repair after one in a fraction `sft.recovery` of them), then RL from that base under each budget variant of `reproduce.variants`
 (a fixed generous budget, a fixed tight one, BudgetMix — same steps, same seed), then every policy
 evaluated on the same held-out tasks with Pass@(K,T) in exact mode, decision accuracy (on-policy and
 on a fixed probe set) and recovery (also with errors injected). Finished stages are skipped on a
@@ -251,6 +251,30 @@ def summary_table(pooled: dict, names: list[str], ks: tuple[int, ...], ts: tuple
     return markdown.table(head, lines), table
 
 
+def per_seed_table(per_seed: list[dict], seed_results: list[dict], seeds, rep, ks, ts) -> tuple[str, list[dict]]:
+    """Each training seed's own values of the three findings' measures (no intervals): a markdown table
+    and the same rows as dicts. G: F1's large-T minus small-T gain of the generous variant; dClean,
+    dRec, D: F2's paired accuracy changes; area differences: F3's BudgetMix minus each fixed budget."""
+    from bmrl.eval.verdicts import f2_point
+
+    k1, j_small = ks.index(1), ts.index(rep.small_t)
+    rows, cells = [], []
+    for seed, metrics, res in zip(seeds, per_seed, seed_results):
+        base, gen = metrics[BASE]["surface"][:, k1, :], metrics[rep.generous]["surface"][:, k1, :]
+        gain = gen - base
+        f2 = f2_point(res[BASE].episodes, res[rep.generous].episodes)
+        mix_area = metrics[rep.budgetmix]["surface"].mean()
+        row = {"seed": int(seed), "G": float((gain[:, -1] - gain[:, j_small]).mean()),
+               "delta_clean_accuracy": f2["delta_clean_accuracy"], "delta_recovery_accuracy": f2["delta_recovery_accuracy"],
+               "recovery_minus_clean": f2["recovery_minus_clean"],
+               **{f"area_mix_minus_{o}": float(mix_area - metrics[o]["surface"].mean()) for o in (rep.generous, rep.tight)}}
+        rows.append(row)
+        cells.append([str(seed)] + [f"{v:+.3f}" for k, v in row.items() if k != "seed"])
+    head = ["seed", "F1: G", "F2: dClean", "F2: dRec", "F2: D", f"F3: area mix - {rep.generous}",
+            f"F3: area mix - {rep.tight}"]
+    return markdown.table(head, cells), rows
+
+
 # ---- the pipeline ---------------------------------------------------------------------------------
 
 
@@ -277,6 +301,19 @@ def _evaluate_seed(cfg: Config, eval_cfg: Config, seed: int, dirs: dict[str, str
     stages.finish()
 
 
+def _stage_configs(cfg: Config, seed: int) -> tuple[Config, dict[str, Config], Config]:
+    """The configs of one seed's stages: SFT, each RL variant (from the SFT policy), evaluation."""
+    rep, sdir = cfg.reproduce, os.path.join(cfg.out_dir, f"seed{seed}")
+    sft_cfg = stage_config(cfg, seed, os.path.join(sdir, "sft"))
+    base_dir = os.path.join(sft_cfg.out_dir, "policy")
+    rl_cfgs = {}
+    for name in rep.variants:
+        process = {"train": {"process_coef": float(rep.process[name])}} if name in rep.process else {}
+        rl_cfgs[name] = stage_config(cfg, seed, os.path.join(sdir, name), model={"path": base_dir},
+                                     budget=to_dict(cfg)["reproduce"]["variants"][name], **process)
+    return sft_cfg, rl_cfgs, stage_config(cfg, seed, os.path.join(sdir, "eval"))
+
+
 def reproduce(cfg: Config, *, log: Callable[[str], Any] = print, stages=None) -> dict:
     """Run the whole study for `cfg`; writes <out_dir>/report.md and summary.json; returns the summary.
 
@@ -285,12 +322,17 @@ def reproduce(cfg: Config, *, log: Callable[[str], Any] = print, stages=None) ->
     from the saved results. `stages`: a `bmrl.stages.StageProgress` (default: lines on stderr)."""
     from bmrl.eval.saved import load_results
     from bmrl.learn.sft import run_sft
-    from bmrl.stages import StageProgress, run_stage
+    from bmrl.stages import StageProgress, check_stage_config, run_stage
     from bmrl.train import train
 
     check_reproduce(cfg)
     t0 = time.time()
     rep, out = cfg.reproduce, cfg.out_dir
+    plan = [(seed, _stage_configs(cfg, seed)) for seed in rep.seeds]
+    for _, (sft_cfg, rl_cfgs, _) in plan:  # a finished stage made with other settings: refused before any write
+        for kind, c in [("sft", sft_cfg)] + [("rl", c) for c in rl_cfgs.values()]:
+            if os.path.isfile(os.path.join(c.out_dir, "summary.json")):
+                check_stage_config(c.out_dir, c, kind)
     os.makedirs(out, exist_ok=True)
     save(cfg, os.path.join(out, "config.yaml"))
     names = [BASE] + list(rep.variants)
@@ -309,19 +351,13 @@ def reproduce(cfg: Config, *, log: Callable[[str], Any] = print, stages=None) ->
         fn(*args)
         stage_times[key] = time.time() - t if stages.index - stages.skipped > before else old_times.get(key)
 
-    for seed in rep.seeds:
-        sdir = os.path.join(out, f"seed{seed}")
-        sft_cfg = stage_config(cfg, seed, os.path.join(sdir, "sft"))
+    for seed, (sft_cfg, rl_cfgs, eval_cfg) in plan:
         timed(f"seed{seed}/sft", run_stage, stages, f"seed {seed} - SFT", "sft", partial(run_sft, log=stages.note), sft_cfg)
-        base_dir = os.path.join(sft_cfg.out_dir, "policy")
-        dirs = {BASE: base_dir}
-        for name in rep.variants:
-            rl_cfg = stage_config(cfg, seed, os.path.join(sdir, name), model={"path": base_dir},
-                                  budget=to_dict(cfg)["reproduce"]["variants"][name])
+        dirs = {BASE: os.path.join(sft_cfg.out_dir, "policy")}
+        for name, rl_cfg in rl_cfgs.items():
             timed(f"seed{seed}/{name}", run_stage, stages, f"seed {seed} - RL {name}", "rl",
-                  partial(train, on_step=stages.step), rl_cfg)
+                  partial(train, on_step=stages.step, evaluate=False), rl_cfg)
             dirs[name] = os.path.join(rl_cfg.out_dir, "policy")
-        eval_cfg = stage_config(cfg, seed, os.path.join(sdir, "eval"))
         results_path = os.path.join(eval_cfg.out_dir, "results.json")
         timed(f"seed{seed}/eval", _evaluate_seed, cfg, eval_cfg, seed, dirs, stages, results_path)
         results = load_results(results_path)  # the saved results, on every run: a rerun re-renders the same report
@@ -356,13 +392,15 @@ def _render(cfg: Config, names: list[str], per_seed: list[dict], seed_results: l
     table_md, table = summary_table(pooled, names, ks, ts, resamples)
     groups = pooled[GROUPS]["surface"] if len(per_seed) > 1 else None
     figures = study_figures(out, pooled, names, ks, ts, f["F2"]["intervals"], rep.generous, resamples, BASE, groups)
+    seeds_md, seed_rows = per_seed_table(per_seed, seed_results, rep.seeds, rep, ks, ts)
     wall = sum(v for v in stage_times.values() if v is not None)
     report = _report_md(cfg, sentences + ["Measured:"] + details, table_md, figures, seed_reports, wall, len(rep.seeds),
-                        pooled[BASE]["surface"].shape[0])
+                        pooled[BASE]["surface"].shape[0], f["F2"]["intervals"], seeds_md)
     with open(os.path.join(out, "report.md"), "w") as fh:
         fh.write(report)
     summary = {"findings": f, "sentences": sentences, "details": details, "table": table, "wall_time_s": wall,
-               "stage_times_s": stage_times, "seeds": list(rep.seeds), "units": int(pooled[BASE]["surface"].shape[0]),
+               "stage_times_s": stage_times, "seeds": list(rep.seeds), "per_seed": seed_rows,
+               "units": int(pooled[BASE]["surface"].shape[0]),
                "figures": {k: os.path.relpath(v, out) for k, v in figures.paths.items()},
                "colour_scales": figures.scales}
     with open(os.path.join(out, "summary.json"), "w") as fh:
@@ -370,10 +408,32 @@ def _render(cfg: Config, names: list[str], per_seed: list[dict], seed_results: l
     return {**summary, "table_md": table_md}
 
 
-def _report_md(cfg: Config, sentences, table_md, figures, seed_reports, wall, seeds, units) -> str:
+def base_description(cfg: Config, f2_intervals: dict | None = None) -> str:
+    """How the SFT base was made (and, given F2's intervals, its own clean and post-error accuracy)."""
+    s = cfg.sft
+    made = (f"an SFT base ({f'initialised from `{cfg.model.path}`' if cfg.model.path else 'a tiny policy trained from scratch'}) "
+            f"cloned from noisy-oracle demonstrations (a random wrong action with probability {s.noise} per turn; "
+            f"{1 - s.recovery:.0%} of the demonstrations end at the demonstrator's first mistake, {s.recovery:.0%} go on "
+            "and show the oracle's repair)")
+    if f2_intervals and "base_clean_accuracy" in f2_intervals:
+        c, r = f2_intervals["base_clean_accuracy"], f2_intervals["base_recovery_accuracy"]
+        if np.isfinite(c["mean"]) and np.isfinite(r["mean"]):
+            made += (f"; the base's own accuracy P(action = oracle) is {_plain(c)} in clean states and {_plain(r)} right "
+                     "after an error")
+    return made
+
+
+def _report_md(cfg: Config, sentences, table_md, figures, seed_reports, wall, seeds, units, f2_intervals=None,
+               seeds_md: str = "") -> str:
     rep = cfg.reproduce
     variants = ", ".join(f"`{n}`: {b.kind} {b.budgets if b.kind != 'uniform' else [b.lo, b.hi]}"
-                         + (f" p={b.probs}" if b.probs else "") for n, b in rep.variants.items())
+                         + (f" p={b.probs}" if b.probs else "")
+                         + (f" + process reward (train.process_coef={rep.process[n]})" if n in rep.process else "")
+                         for n, b in rep.variants.items())
+    process_note = ([f"Process supervision: variant(s) {', '.join(f'`{n}`' for n in rep.process)} add a step-level reward "
+                     "from the change in the environment's progress (privileged information: the agent never sees "
+                     "it, and a real task may not have it); the study's claims concern outcome-reward RL, so the "
+                     "verdicts use the outcome-only variants.", ""] if rep.process else [])
     rel = {k: os.path.relpath(v, cfg.out_dir) for k, v in figures.paths.items()}
     lines = [
         "# What multi-turn RL bought: bmrl reproduce",
@@ -382,19 +442,19 @@ def _report_md(cfg: Config, sentences, table_md, figures, seed_reports, wall, se
         'Agents?". Each verdict (as_study, opposite or inconclusive) is decided by the written rule stored with it in '
         "summary.json, from the intervals; the sentences are generated from the verdicts.",
         "",
-        f"Environment `{cfg.env.name}` {dict(cfg.env.options)}, "
-        + (f"policy initialised from `{cfg.model.path}`" if cfg.model.path else "tiny policy trained from scratch")
-        + f". Seeds {list(rep.seeds)}; "
-        f"each seed: an SFT base on noisy-oracle demonstrations (noise {cfg.sft.noise}, cut after the first mistake: "
-        f"errors shown, recovery never), then {cfg.train.steps} RL steps ({cfg.train.advantage}, {cfg.train.tasks_per_step} "
+        f"Environment `{cfg.env.name}` {dict(cfg.env.options)}. Seeds {list(rep.seeds)}; "
+        f"each seed: {base_description(cfg, f2_intervals)}, then {cfg.train.steps} RL steps ({cfg.train.advantage}, {cfg.train.tasks_per_step} "
         f"tasks x {cfg.train.group_size} attempts) from that base under each budget: {variants}. Every policy is evaluated on "
         f"the same {cfg.eval.num_tasks} held-out tasks x {cfg.eval.attempts} attempts at T in {list(cfg.eval.ts)} with "
         f"real caps (exact mode). Intervals: 95% bootstrap intervals over seeds and tasks ({units} (seed, task) units; "
         "seeds resampled, then tasks within seed), paired for differences.",
         "",
+        *process_note,
         "## Findings",
         "",
         *[s + "\n" for s in sentences],
+        *(["## Per seed", "", "Each training seed's own values (means over its tasks, no intervals):", "", seeds_md, ""]
+          if seeds_md else []),
         "## Summary",
         "",
         table_md,

@@ -141,8 +141,12 @@ def _check_resume_config(saved: dict | None, cfg) -> list[str]:
 
 
 def train(cfg, *, progress: bool | None = None, run: policy_lib.Run | None = None,
-          on_step: Callable[[int, int], Any] | None = None) -> dict:
+          on_step: Callable[[int, int], Any] | None = None, evaluate: bool = True) -> dict:
     """Run RL training for `cfg` (a validated `bmrl.config.Config`); returns the summary dict.
+
+    `evaluate=False` skips the training-time Pass@(1,T) evaluations (at the start, every `eval.every`
+    steps and at the end): for callers that evaluate the trained policy themselves (`bmrl reproduce`
+    evaluates the base once and every policy on the full grid in its own stage).
 
     Raises `NonFiniteError` after `cfg.train.max_nonfinite` non-finite updates in a row (the
     parameters and checkpoints keep the last finite values), `CheckpointWriteError` when a save
@@ -243,8 +247,8 @@ def train(cfg, *, progress: bool | None = None, run: policy_lib.Run | None = Non
         text = "  ".join(f"T={T}: {p:.3f}±{se:.3f}" for T, (p, se) in res.items())
         bar.write(f"eval step {step}: Pass@(1,T) {text}")
 
-    every = cfg.eval.every
-    if start == 0:
+    every = cfg.eval.every if evaluate else 0
+    if start == 0 and evaluate:
         run_eval(0)  # the starting policy, the baseline of every gain
     try:
         for step in range(start, t.steps):
@@ -290,7 +294,7 @@ def train(cfg, *, progress: bool | None = None, run: policy_lib.Run | None = Non
                           {"data_position": data_position, "config": config_lib.to_dict(cfg),
                            "run": _run_record(eval_log, tokens_seen, last, logger.count)})
                 ckpt.commit()  # a failed write stops the run here (CheckpointWriteError), not a save later
-        if t.steps not in eval_log:
+        if evaluate and t.steps not in eval_log:
             run_eval(t.steps)
     finally:
         bar.close()
@@ -301,8 +305,8 @@ def train(cfg, *, progress: bool | None = None, run: policy_lib.Run | None = Non
 
     policy_dir = os.path.join(out, "policy")
     save_pretrained(nnx.merge(graphdef, params), tok, policy_dir)
-    final_eval = eval_log.get(t.steps) or eval_log[max(eval_log)]
-    first_eval = eval_log[min(eval_log)]
+    final_eval = (eval_log.get(t.steps) or eval_log[max(eval_log)]) if eval_log else {}
+    first_eval = eval_log[min(eval_log)] if eval_log else {}
     summary = {
         "steps": t.steps,
         "resumed_from": start,

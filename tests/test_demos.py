@@ -118,6 +118,29 @@ def test_cut_after_first_wrong_action(corridor):
     assert (full.oracle_action[full.turn_active] >= 0).all()
 
 
+def test_recovery_fraction_goes_on_after_the_mistake(corridor):
+    """`recovery`: that fraction of the demos with a mistake go on past it (identical to the uncut demo,
+    same keys); the rest end at it; recovery=1 is the uncut demo, recovery=0 the cut one."""
+    env, fmt = corridor
+    batch, turns, L = 512, 12, 1024
+    tasks = {"seed": jnp.arange(batch, dtype=jnp.int32)}
+    demos = lambda **k: _np(make_demos(env, fmt, tasks, jax.random.key(1), num_turns=turns, max_len=L, noise=0.3, **k))  # noqa: E731
+    full, cut = demos(cut_after_error=False), demos(recovery=0.0)
+    np.testing.assert_array_equal(demos(recovery=1.0).tokens, full.tokens)
+    half = demos(recovery=0.5)
+    mistake = cut.cut  # rows whose demonstrator erred before the end (and that did not end right there)
+    went_on = mistake & (half.num_turns > cut.num_turns)
+    assert abs(went_on.sum() / mistake.sum() - 0.5) < 0.1, (went_on.sum(), mistake.sum())
+    for b in range(batch):  # each row is either the cut demo or the uncut one
+        ref = full if went_on[b] else cut
+        n = int(ref.length[b])
+        assert int(half.length[b]) == n
+        np.testing.assert_array_equal(half.tokens[b, :n], ref.tokens[b, :n])
+    assert not (half.cut & went_on).any() and (half.cut == (mistake & ~went_on)).all()
+    with pytest.raises(ValueError, match="recovery"):
+        demos(recovery=1.5)
+
+
 def test_noise_free_demos_solve_and_overflow_is_flagged(corridor):
     env, fmt = corridor
     tasks = {"seed": jnp.arange(16, dtype=jnp.int32)}

@@ -145,9 +145,31 @@ def test_report_figures_and_tables(tiny_run):
     assert {"f1_gain", "f2_states", "f3_pass"} <= set(summary["figures"])
     assert report.count("95% bootstrap interval over seeds and tasks") >= 4
     tables = gfm_tables(report)
-    assert len(tables) == 1 and len(tables[0]) == 1 + 4 and tables[0][0][0] == "policy"
+    assert len(tables) == 2 and len(tables[1]) == 1 + 4 and tables[1][0][0] == "policy"
+    seeds = summary["seeds"]  # the per-seed values, a row per training seed, the same in summary.json
+    assert [r[0] for r in tables[0][1:]] == [str(x) for x in seeds] and len(summary["per_seed"]) == len(seeds)
+    assert tables[0][0][:2] == ["seed", "F1: G"]
+    g = summary["per_seed"][0]["G"]
+    if len(seeds) == 1:  # one seed: its G is the pooled point estimate
+        assert g == pytest.approx(summary["findings"]["F1"]["intervals"]["gain_large_minus_small"]["mean"])
+    assert "go on and show the oracle's repair" in report and "in clean states and" in report
     for seed_report in re.findall(r"\]\((seed\d+/eval/report\.md)\)", report):
         gfm_tables((out / seed_report).read_text())
+
+
+def test_rerun_with_changed_settings_is_refused_before_any_write(tiny_run):
+    """A finished stage made with other settings is not silently reused: the rerun names the key and the
+    fix, and writes nothing (the top-level config.yaml and summary stay those of the finished run)."""
+    from bmrl.config import ConfigError, load
+    from bmrl.reproduce import reproduce
+
+    out, cfg, _ = tiny_run
+    before = {f: (out / f).read_text() for f in ("config.yaml", "summary.json")}
+    for override, key in (("sft.recovery=0.9", "sft.recovery"), ("train.optim.lr=0.5", "train.optim.lr")):
+        changed = load("configs/quickstart.yaml", [f"out_dir={out}", *TINY, override])
+        with pytest.raises(ConfigError, match=rf"{re.escape(key)}: the finished stage in .* delete"):
+            reproduce(changed)
+        assert {f: (out / f).read_text() for f in before} == before
 
 
 def test_heatmaps_share_one_colour_scale(tmp_path, monkeypatch):

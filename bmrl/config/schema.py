@@ -104,11 +104,12 @@ class OptimCfg:
 
 @dataclass
 class SFTCfg:
-    """Behaviour cloning of eps-noisy oracle demonstrations (errors shown, recovery not)."""
+    """Behaviour cloning of eps-noisy oracle demonstrations: errors shown, recovery from them in a fraction."""
 
     steps: int = 300  # optimizer steps
     batch_size: int = 32  # demonstrations per step
     noise: float = 0.25  # probability of a random wrong action in a demonstration turn
+    recovery: float = 0.25  # fraction of demonstrations that go on after the demonstrator's first mistake (showing the repair); the rest end there
     demo_turns: int = 12  # turns per demonstration
     optim: OptimCfg = field(default_factory=lambda: OptimCfg(lr=3e-3, warmup_steps=20))  # SFT optimizer
 
@@ -202,6 +203,7 @@ class ReproduceCfg:
     inject_prob: float = 1.0  # probability of a forced wrong action at those turns
     probe_noise: float = 0.25  # noise of the oracle whose states form the decision-accuracy probe set
     window: int = 3  # turns allowed to get back on track after an error
+    process: dict[str, float] = field(default_factory=dict)  # variant -> train.process_coef: RL with a step reward from the env's (privileged) progress
 
 
 @dataclass

@@ -131,6 +131,10 @@ def check_reproduce(cfg: Config) -> dict:
     if not rep.variants:
         raise ConfigError("reproduce.variants", "needs at least one RL budget variant.")
     budgets = {}
+    for name, coef in rep.process.items():
+        if name not in rep.variants:
+            raise ConfigError(f"reproduce.process.{name}", f"is not a variant; variants are {sorted(rep.variants)}.")
+        _in_range(f"reproduce.process.{name}", float(coef), 0, 10, lo_open=True)
     for name, b in rep.variants.items():
         if name == "base" or not name.replace("_", "").replace("-", "").isalnum():
             raise ConfigError(f"reproduce.variants.{name}", "variant names are letters, digits, '_' or '-', and not 'base'.")
@@ -334,6 +338,7 @@ def validate(cfg: Config) -> None:
     for key, o in (("sft.optim", cfg.sft.optim), ("train.optim", t.optim)):
         _check_optim(key, o)
     _in_range("sft.noise", cfg.sft.noise, 0, 1, hi_open=True)
+    _in_range("sft.recovery", cfg.sft.recovery, 0, 1)
     _positive(cfg.sft, "sft", ("batch_size", "demo_turns"))
     _positive(cfg.sft, "sft", ("steps",), minimum=0)
     _one_of("eval.mode", e.mode, ("exact", "truncate", "both"))

@@ -232,16 +232,23 @@ def f2_intervals(base_episodes, trained_episodes, *, groups=None, errors: str = 
     if counts[:, [2, 5]].sum(0).min() == 0:
         nan = Estimate(float("nan"), float("nan"), float("nan"), 0)
         return {m: nan for m in F2_MEASURES}
-
-    def stat(c):
-        s = c.sum(0)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            dc = (s[1] - s[0]) / s[2]
-            dr = (s[4] - s[3]) / s[5]
-            return np.array([s[6] / s[7], s[8] / s[9], s[10] / s[11], s[12] / s[13], dc, dr, dr - dc])
-
-    m, lo, hi = bootstrap_stat(stat, counts, groups=groups, key=key, num_resamples=num_resamples, confidence=confidence)
+    m, lo, hi = bootstrap_stat(_f2_stat, counts, groups=groups, key=key, num_resamples=num_resamples, confidence=confidence)
     return {name: Estimate(float(m[i]), float(lo[i]), float(hi[i]), n) for i, name in enumerate(F2_MEASURES)}
+
+
+def _f2_stat(c: np.ndarray) -> np.ndarray:
+    """F2_MEASURES from per-task counts [N, 14] (`_f2_counts`): ratios of sums over the tasks."""
+    s = c.sum(0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        dc = (s[1] - s[0]) / s[2]
+        dr = (s[4] - s[3]) / s[5]
+        return np.array([s[6] / s[7], s[8] / s[9], s[10] / s[11], s[12] / s[13], dc, dr, dr - dc])
+
+
+def f2_point(base_episodes, trained_episodes, errors: str = "any") -> dict[str, float]:
+    """The F2 measures of one pair (e.g. one training seed) without intervals: the per-seed values."""
+    v = _f2_stat(_f2_counts(base_episodes, trained_episodes, errors))
+    return {name: float(v[i]) for i, name in enumerate(F2_MEASURES)}
 
 
 def f3_intervals(mix_surface: np.ndarray, fixed_surfaces: Mapping[str, np.ndarray], ks: Sequence[int], *,

@@ -14,11 +14,14 @@ and STOP tokens only. The episode is played with the same per-row key
 derivation as the rollout (environment keys `fold_in(row_key, 0)`, step t with `fold_in(.., t + 1)`),
 so a rollout given the same key and the same replies sees the same observations, slips included.
 
-Errors but no recovery (the base policy of the study): the demonstrator is the oracle, except that
-with probability `noise` it takes a uniformly random WRONG action (`bmrl.rollout.policies`). With
-`cut_after_error` a demonstration ENDS after the first turn whose action deviated from the oracle: the
-wrong action is included (and trained on), nothing after it is. So a policy cloned from these demos
-errs at about the noise rate but has never seen how to recover. Only the demonstrator's OWN wrong
+Errors, and recovery from them only in a fraction `recovery` of the demos (the base policy of the
+study): the demonstrator is the oracle, except that with probability `noise` it takes a uniformly
+random WRONG action (`bmrl.rollout.policies`). With `cut_after_error` a demonstration ENDS after the
+first turn whose action deviated from the oracle (the wrong action is included and trained on,
+nothing after it is), except in a random fraction `recovery` of the rows, which go on with the noisy
+oracle from the state the mistake left (its repair, e.g. keypad's `delete`). With `recovery=0` a
+policy cloned from these demos errs at about the noise rate but has never seen how to recover from
+its own mistakes. Only the demonstrator's OWN wrong
 actions cut a demo: an environment error that the oracle's action could not avoid (a slip, a failed
 tool call) is the environment's doing, and the oracle's next action (keep walking, retry the lookup)
 is its standard behaviour, so it stays in the demo. Demos also end at success, at termination (a
@@ -47,6 +50,8 @@ from bmrl.rollout.policies import NoisyOracleData, Replay, ReplayPolicy
 from bmrl.rollout.types import Injection, RolloutConfig, Trajectory, row_keys
 
 __all__ = ["Demos", "demo_tokens_needed", "make_demos", "reply_table"]
+
+RECOVERY_STREAM = 0x5EC0  # fold_in tag of a row's key for its "goes on after a mistake" draw
 
 
 @struct.dataclass
@@ -101,6 +106,7 @@ def make_demos(
     max_len: int,
     noise: float,
     cut_after_error: bool = True,
+    recovery: float = 0.0,
     caps: Any = None,
     actions: Any = None,
 ) -> Demos:
@@ -112,9 +118,14 @@ def make_demos(
     the agent when the env has show_budget. noise: probability of a random wrong action per turn.
     actions: optional int32[B, Tm] actions to replay instead of the noisy oracle's (e.g. to lay out
     a rollout's episodes); `noise` is then ignored and `wrong` still compares with the oracle.
+    recovery: with `cut_after_error`, the probability that a row is NOT cut at its first own mistake
+    but goes on (the noisy oracle takes the oracle's repair from the state the mistake left, with
+    probability 1 - noise): the fraction of demonstrations that show a recovery.
     """
     if not 0.0 <= float(noise) <= 1.0:
         raise ValueError(f"noise must be a probability in [0, 1], got {noise}.")
+    if not 0.0 <= float(recovery) <= 1.0:
+        raise ValueError(f"recovery (fraction of demos that go on after a mistake) must be in [0, 1], got {recovery}.")
     if num_turns < 1:
         raise ValueError(f"num_turns must be >= 1, got {num_turns}.")
     first = demo_tokens_needed(env, fmt, 1)
@@ -136,7 +147,7 @@ def make_demos(
         )
     fn = compiles.program("demos", (env, fmt, int(num_turns), int(max_len), bool(cut_after_error), replay),
                           lambda: _demo_fn(env, fmt, int(num_turns), int(max_len), bool(cut_after_error), replay))
-    return fn(tasks, key, caps, jnp.float32(noise), actions)
+    return fn(tasks, key, caps, jnp.float32(noise), actions, jnp.float32(recovery))
 
 
 def _demo_fn(env: Env, fmt: Format, num_turns: int, max_len: int, cut_after_error: bool, replay: bool):
@@ -146,33 +157,33 @@ def _demo_fn(env: Env, fmt: Format, num_turns: int, max_len: int, cut_after_erro
     policy = ReplayPolicy() if replay else NoisyOracleData()
     episode = make_episode(policy, env, cfg, record_obs=True, name="demo_episode")
 
-    def run(tasks, key, caps, noise, actions):
+    def run(tasks, key, caps, noise, actions, recovery):
         batch = caps.shape[0]
         keys = row_keys(key, batch)
         caps = jnp.clip(caps, 1, num_turns)
         params = Replay(actions, jnp.full((batch,), num_turns, jnp.int32), keys) if replay else noise
         traj = episode(params, tasks, caps, keys, Injection.none(num_turns))
-        return _layout(env, fmt, _demo_turns(traj, cut_after_error), caps, max_len)
+        goes_on = jax.vmap(lambda k: jax.random.bernoulli(jax.random.fold_in(k, RECOVERY_STREAM), recovery))(keys)
+        cut_rows = jnp.logical_and(cut_after_error, ~goes_on)  # bool[B]
+        return _layout(env, fmt, _demo_turns(traj, cut_rows), caps, max_len)
 
     return compiles.counted_jit(run, name="demos")
 
 
-def _demo_turns(traj: Trajectory, cut_after_error: bool) -> dict:
-    """Per-turn records of the played episodes, ended at the demonstrator's first own wrong action
-    when `cut_after_error` (that action included)."""
+def _demo_turns(traj: Trajectory, cut_rows: jax.Array) -> dict:
+    """Per-turn records of the played episodes; rows with `cut_rows` (bool[B]) end at the
+    demonstrator's first own wrong action (that action included)."""
     played = traj.turn_active
     turn = jnp.arange(played.shape[1])[None, :]
     success = played & (turn + 1 == traj.first_success_turn[:, None])
     wrong = played & (traj.action != traj.oracle_action)
-    active = played
-    if cut_after_error:
-        wrong_before = jnp.cumsum(wrong, axis=1) - wrong
-        active = played & (wrong_before == 0)
+    wrong_before = jnp.cumsum(wrong, axis=1) - wrong
+    active = played & ~(cut_rows[:, None] & (wrong_before > 0))
     obs_tokens, obs_len = traj.observations
     return dict(
         obs_tokens=obs_tokens, obs_len=obs_len, action=traj.action, oracle=traj.oracle_action,
         wrong=wrong & active, error=traj.error & active, success=success & active, active=active,
-        cut=active & wrong & cut_after_error & ~success, progress=traj.progress[:, 1:],
+        cut=active & wrong & cut_rows[:, None] & ~success, progress=traj.progress[:, 1:],
         progress0=traj.progress[:, 0],
     )
 

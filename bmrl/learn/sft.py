@@ -1,9 +1,9 @@
-"""The SFT base policy: behaviour cloning of eps-noisy oracle demonstrations (errors, no recovery).
+"""The SFT base policy: behaviour cloning of eps-noisy oracle demonstrations (errors; recovery in a fraction).
 
     summary = run_sft(cfg)     # writes <out_dir>/policy (HF dir), config.yaml, sft_metrics.jsonl, summary.json
 
 Each step draws `sft.batch_size` fresh demonstrations (`bmrl.learn.demos.make_demos`, cut after the
-demonstrator's first wrong action) of train-split levels and takes one optimizer step of token
+demonstrator's first wrong action, except a fraction `sft.recovery` that go on and show the repair) of train-split levels and takes one optimizer step of token
 cross-entropy on the reply tokens (action tokens + stop). Everything is a function of `cfg.seed` and
 the step: step s uses levels s*B .. s*B+B-1 of a seed-shuffled train pool and demo key
 fold_in(key, s). The trained policy is evaluated with the compiled rollout, greedy and sampled, on
@@ -171,7 +171,7 @@ def run_sft(cfg: Config, *, log: Callable[[str], Any] = print, return_model: boo
     eval_key = jax.random.fold_in(key, 2)
     log(
         f"sft: {env.name} {env.options} | {num_params(model):,} params | {s.steps} steps x {s.batch_size} demos "
-        f"(noise {s.noise}, <= {s.demo_turns} turns, {demo_len} tokens) | eval T={cap} on {len(test['seed'])} test levels"
+        f"(noise {s.noise}, recovery {s.recovery}, <= {s.demo_turns} turns, {demo_len} tokens) | eval T={cap} on {len(test['seed'])} test levels"
     )
     t_eval = time.time()
     before = evaluate_policy(model, env, fmt, cfg, {"seed": test["seed"]}, cap, eval_key, ("greedy",))["greedy"]
@@ -190,7 +190,7 @@ def run_sft(cfg: Config, *, log: Callable[[str], Any] = print, return_model: boo
             caps = jnp.minimum(run.budget.sample(jax.random.fold_in(k, 7), s.batch_size), s.demo_turns)
         return make_demos(
             env, fmt, {"seed": jnp.asarray(train["seed"][idx])}, k, num_turns=s.demo_turns,
-            max_len=demo_len, noise=s.noise, caps=caps,
+            max_len=demo_len, noise=s.noise, recovery=s.recovery, caps=caps,
         )
 
     t_train = time.time()
