@@ -18,6 +18,7 @@ __all__ = ["ENVS", "INVALID", "available_envs", "Env", "Observation", "Outcome",
 ENVS: dict[str, str] = {
     "corridor": "bmrl.envs.corridor:Corridor",
     "frozenlake": "bmrl.envs.frozenlake:FrozenLake",
+    "keypad": "bmrl.envs.keypad:Keypad",
     "sokoban": "bmrl.envs.sokoban:Sokoban",
     "toolchain": "bmrl.envs.toolchain:ToolChain",
 }
@@ -58,6 +59,7 @@ class _CharTokenizer:
 CORPUS_OPTIONS: dict[str, list[dict]] = {
     "corridor": [{"show_budget": True}, {"length": 16}],
     "frozenlake": [{"show_budget": True}, {"hole_terminates": True, "size": 8}],
+    "keypad": [{"show_budget": True}, {"length": 8}],
     "sokoban": [{"show_budget": True}],
     "toolchain": [{"show_budget": True, "num_keys": 32}],
 }
