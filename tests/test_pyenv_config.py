@@ -30,7 +30,8 @@ class Guess:
         if self.task.get("boom"):
             raise RuntimeError("boom in task " + self.task["id"])
         won = action == self.task["target"]
-        return ("Right.\\n" if won else "Wrong.\\n"), float(won), won, False, {"success": won, "error": not won}
+        info = {"success": won, "error": not won, "oracle_action": self.task["target"]}
+        return ("Right.\\n" if won else "Wrong.\\n"), float(won), won, False, info
 
 
 def make(hint=True):
@@ -102,6 +103,21 @@ def test_train_then_eval_a_python_env_from_a_config(tmp_path, monkeypatch, capsy
     res = json.loads((tmp_path / "run" / "eval" / "results.json").read_text())
     policy = res["policies"]["policy"]
     assert policy["faults"] > 0 and policy["tasks"] == 3  # the test split: e0, e1 (boom), e2
+
+    # compare on the Python env: F2's states carry the oracle's action from info["oracle_action"]; a
+    # policy against itself moves nothing, so both verdicts are inconclusive. Scripted policies need a
+    # JAX env's state: refused, exit 2.
+    policy_dir = str(tmp_path / "run" / "policy")
+    overrides = ["out_dir=run", "eval.bootstrap=20", "eval.attempts=2", "eval.ks=[1,2]"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert main(["compare", "--config", cfg, "--base", policy_dir, "--trained", policy_dir, *overrides]) == 0
+        summary = json.loads((tmp_path / "run" / "compare" / "summary.json").read_text())
+        assert summary["findings"]["F2"]["shared_states"]["clean"] > 0
+        assert {summary["findings"][f]["verdict"] for f in ("F1", "F2")} == {"inconclusive"}
+        capsys.readouterr()
+        assert main(["compare", "--config", cfg, "--base", "scripted:oracle", "--trained", policy_dir, *overrides]) == 2
+    assert "scripted policies act on a JAX env's state" in capsys.readouterr().err
 
 
 @pytest.fixture(scope="module")

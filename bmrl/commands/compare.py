@@ -1,10 +1,11 @@
 """`bmrl compare --config FILE --base SPEC --trained SPEC --out DIR`: the study's F1 and F2 between two policies.
 
-A SPEC is a local Hugging Face model directory (config.json + weights + tokenizer), a training run's
+Runs on a built-in JAX env or a Python one (env.kind=python: F2 reads the oracle's action from the env's
+info["oracle_action"]; states without one are left out). A SPEC is a local Hugging Face model directory (config.json + weights + tokenizer), a training run's
 output directory holding one (`<run>/policy`), or a scripted policy `scripted:NAME[:key=value,...]`:
   scripted:oracle                          the environment's best action
   scripted:random                          a uniformly random action
-  scripted:noisy_oracle:eps=E,repair=R     a random wrong action with probability E in clean states; right
+  scripted:noisy_oracle:eps=E,repair=R     (JAX envs) a random wrong action with probability E in clean states; right
                                            after an error (its own, a slip) the oracle's action with
                                            probability R, else a random wrong one (R defaults to 1 - E:
                                            no memory of the error)
@@ -101,12 +102,14 @@ def _run(args: argparse.Namespace, cfg) -> int:
     import jax
 
     from bmrl import build as pol
-    from bmrl.config import check_jax_env
     from bmrl.eval.evaluate import evaluate
     from bmrl.eval.verdicts import compare_findings
 
-    check_jax_env(cfg, "bmrl compare")  # its findings rest on the decomposition's oracle states
     specs = {"base": parse_spec(args.base), "trained": parse_spec(args.trained)}
+    python = cfg.env.kind == "python"
+    if python and any(s["kind"] == "scripted" for s in specs.values()):
+        raise ValueError("scripted policies act on a JAX env's state; with env.kind=python compare two model "
+                         "directories (F2 then reads the oracle's action from the env's info['oracle_action']).")
     e = cfg.eval
     if e.bootstrap < 10:
         raise ValueError(f"compare needs intervals: eval.bootstrap must be >= 10 resamples, got {e.bootstrap}.")
@@ -114,7 +117,6 @@ def _run(args: argparse.Namespace, cfg) -> int:
     loaded = {n: pol.load_policy(s["path"]) for n, s in specs.items() if s["kind"] == "dir"}
     tokenizers = [tok for _, tok in loaded.values()]
     shared_tok = tokenizers[0] if tokenizers else pol.build_tokenizer(cfg)
-    tasks = pol.split_tasks(cfg, "test", e.num_tasks)
     rcfg = pol.rollout_config(cfg, for_eval=True)
     results = {}
     for name in specs:
@@ -123,13 +125,15 @@ def _run(args: argparse.Namespace, cfg) -> int:
             run = pol.build_run(cfg, tok)
             env, fmt = run.env, run.fmt
         else:  # a scripted policy acts on the env's state, no text
-            env, fmt = pol.make_env(cfg, tok), None
+            run, env, fmt = None, pol.make_env(cfg, tok), None
+        tasks = pol.split_tasks(cfg, "test", e.num_tasks, run=run)
         print(f"compare: {name} = {getattr(args, name)}: {e.num_tasks} tasks x {e.attempts} attempts, T in {list(e.ts)}",
               file=sys.stderr)
         results[name] = evaluate(model, env, tasks, ts=e.ts, ks=e.ks, attempts=e.attempts, rollout_cfg=rcfg,
                                  key=jax.random.key(cfg.seed), mode=e.mode, bootstrap=e.bootstrap, fmt=fmt)
     findings = compare_findings(results["base"], results["trained"], num_resamples=e.bootstrap)
-    settings = {"config": args.config, "base": args.base, "trained": args.trained, "env": f"{cfg.env.name} {dict(cfg.env.options)}",
+    env_name = f"python {cfg.env.entry}" if python else cfg.env.name
+    settings = {"config": args.config, "base": args.base, "trained": args.trained, "env": f"{env_name} {dict(cfg.env.options)}",
                 "tasks": f"{e.num_tasks} held-out test tasks x {e.attempts} attempts", "T grid": list(e.ts), "mode": e.mode,
                 "seed": cfg.seed, "bootstrap resamples": e.bootstrap}
     out = args.out or os.path.join(cfg.out_dir, "compare")

@@ -17,8 +17,9 @@ from bmrl.eval.decompose import Episodes
 
 def _state_masks(ep: Episodes, kind: str) -> tuple[np.ndarray, ...]:
     """bool[B, Tm] each: right (acted and == oracle), clean (acted, no earlier error), post (acted, the
-    previous turn an error), first_post (post, and that error was the attempt's first)."""
-    acted = ep.turn_active & ~ep.injected
+    previous turn an error), first_post (post, and that error was the attempt's first). Acted: a
+    played, not injected turn whose oracle action is known (a Python env's info["oracle_action"])."""
+    acted = ep.turn_active & ~ep.injected & (ep.oracle_action >= 0)  # a Python env may not name its oracle's action
     right = acted & (ep.action == ep.oracle_action) & ~ep.invalid
     err = ep.errors(kind)
     before = np.cumsum(err, axis=1) - err  # errors at earlier turns
