@@ -16,13 +16,39 @@ import dataclasses
 import os
 from typing import Any
 
-from bmrl.config import Config, ConfigError, check_fits, check_reproduce, fitting_cap, make_budget
+from bmrl.config import (
+    Config,
+    ConfigError,
+    check_fits,
+    check_reproduce,
+    fitting_cap,
+    make_budget,
+)
 
 __all__ = [
-    "Run", "build_reproduce_run", "build_run", "build_tokenizer", "check_fits", "fitting_cap", "host_config",
-    "load_policy", "make_budget", "make_env", "mesh_config", "model_config", "new_policy", "python_parts",
-    "rollout_config", "run_format", "run_splits", "split_tasks", "suite_line", "suite_sizes", "suite_summary",
-    "data_dir", "eval_split",
+    "Run",
+    "build_reproduce_run",
+    "build_run",
+    "build_tokenizer",
+    "check_fits",
+    "data_dir",
+    "eval_split",
+    "fitting_cap",
+    "host_config",
+    "load_policy",
+    "make_budget",
+    "make_env",
+    "mesh_config",
+    "model_config",
+    "new_policy",
+    "python_parts",
+    "rollout_config",
+    "run_format",
+    "run_splits",
+    "split_tasks",
+    "suite_line",
+    "suite_sizes",
+    "suite_summary",
 ]
 
 def build_tokenizer(cfg: Config, parts: tuple | None = None):

@@ -165,7 +165,6 @@ def report(findings: dict, results: dict, settings: dict, suites: dict | None = 
     """report.md: settings, how the tasks were split (`bmrl.build.suite_summary`), the verdicts with their
     intervals and rules, and both policies' measures."""
     from bmrl.build import suite_line
-
     from bmrl.eval import markdown
     from bmrl.eval.states import state_accuracy_counts
     from bmrl.eval.verdicts import STUDY

@@ -23,7 +23,7 @@ import hashlib
 import json
 import os
 import zlib
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -142,8 +142,8 @@ def _builder_class():
         """The splits of one (env, level options, sizes): a builder config made per run (`suite_name`)."""
 
         VERSION = tfds.core.Version(VERSION)
-        RELEASE_NOTES = {"2.0.0": "Train/validation/test disjoint by level content; records hold the hash."}
-        BUILDER_CONFIGS: list = []
+        RELEASE_NOTES: ClassVar = {"2.0.0": "Train/validation/test disjoint by level content; records hold the hash."}
+        BUILDER_CONFIGS: ClassVar = []
 
         def __init__(self, *, env=None, sizes=None, **kwargs):
             self.env, self.sizes = env, sizes
