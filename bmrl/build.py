@@ -14,21 +14,42 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import zlib
 from typing import Any
 
-import numpy as np
-
-from bmrl.config import Config, ConfigError, check_fits, check_reproduce, fitting_cap, make_budget
+from bmrl.config import (
+    Config,
+    ConfigError,
+    check_fits,
+    check_reproduce,
+    fitting_cap,
+    make_budget,
+)
 
 __all__ = [
-    "Run", "build_reproduce_run", "build_run", "build_tokenizer", "check_fits", "fitting_cap", "host_config",
-    "load_policy", "make_budget", "make_env", "mesh_config", "model_config", "new_policy", "python_parts",
-    "rollout_config", "run_format", "split_seeds", "split_tasks",
+    "Run",
+    "build_reproduce_run",
+    "build_run",
+    "build_tokenizer",
+    "check_fits",
+    "data_dir",
+    "eval_split",
+    "fitting_cap",
+    "host_config",
+    "load_policy",
+    "make_budget",
+    "make_env",
+    "mesh_config",
+    "model_config",
+    "new_policy",
+    "python_parts",
+    "rollout_config",
+    "run_format",
+    "run_splits",
+    "split_tasks",
+    "suite_line",
+    "suite_sizes",
+    "suite_summary",
 ]
-
-SPLITS = ("train", "test")
-
 
 def build_tokenizer(cfg: Config, parts: tuple | None = None):
     """The run's tokenizer: the HF directory's when `model.path` is set, else a tiny byte-level BPE
@@ -295,35 +316,95 @@ def build_reproduce_run(cfg: Config) -> Run:
     return run
 
 
-def split_seeds(env_name: str, split: str, n: int) -> np.ndarray:
-    """`n` distinct level seeds `int32[n]` of `split` for `env_name`: train seeds are even, test odd.
+def suite_sizes(cfg: Config) -> dict[str, int]:
+    """The sizes of a JAX env's splits: `data.train_size`, `data.val_size` and `data.test_size`, the
+    held-out ones at least `eval.num_tasks` (every evaluation takes a prefix)."""
+    d, n = cfg.data, max(cfg.eval.num_tasks, 1)
+    return {"train": d.train_size, "validation": max(d.val_size, n), "test": max(d.test_size, n)}
 
-    The same parity rule as `bmrl.data.suites`, so no test level is ever trained on. The seeds
-    depend only on the env name and split (not on the run's seed): every run and every seed of an
-    experiment evaluates the same held-out levels. Prefixes are stable: the first n of a larger
-    draw are the same seeds.
+
+def data_dir(cfg: Config) -> str:
+    """Where the run's task suites are stored: `data.data_dir`, default `<out_dir>/data`."""
+    return cfg.data.data_dir or os.path.join(cfg.out_dir, "data")
+
+
+def run_splits(cfg: Config, run: Run | None = None, sizes: dict[str, int] | None = None):
+    """The `bmrl.data.Splits` of a JAX env's run (`run.env`'s levels, else the env of `cfg`).
+
+    Stored under `data_dir(cfg)` (TFDS array_record, built once, then read back) when `data.data_dir`
+    is set or `out_dir` exists (a run writing there); else computed in memory, the same splits.
     """
-    if split not in SPLITS:
-        raise ValueError(f"Unknown split {split!r}; valid splits are {list(SPLITS)}.")
-    rng = np.random.default_rng([zlib.crc32(f"bmrl/{env_name}".encode()), SPLITS.index(split)])
-    seeds: list[int] = []
-    seen: set[int] = set()
-    while len(seeds) < n:
-        for s in rng.integers(0, 2**29, size=max(n, 64)).tolist():
-            if s not in seen and len(seeds) < n:
-                seen.add(s)
-                seeds.append(s)
-    parity = SPLITS.index(split)
-    return (2 * np.asarray(seeds, np.int64) + parity).astype(np.int32)
+    from bmrl.data.suites import compute_splits, read_suite
+    from bmrl.envs import _CharTokenizer
+
+    env = run.env if run is not None else make_env(cfg, _CharTokenizer())  # levels need no tokenizer
+    sizes = sizes or suite_sizes(cfg)
+    if cfg.data.data_dir is not None or os.path.isdir(cfg.out_dir):
+        return read_suite(env, sizes, data_dir(cfg))
+    return _memo(compute_splits, env, sizes)
+
+
+_SPLITS: dict[str, Any] = {}
+
+
+def _memo(compute, env, sizes):
+    """`compute(env, sizes)` once per process per (env, level options, sizes)."""
+    from bmrl.data.suites import suite_name
+
+    key = suite_name(env, sizes)
+    if key not in _SPLITS:
+        _SPLITS[key] = compute(env, sizes)
+    return _SPLITS[key]
 
 
 def split_tasks(cfg: Config, split: str, n: int | None = None, run: Run | None = None) -> Any:
-    """Tasks of `split`: `{"seed": int32[n]}` of a JAX env (default n: `data.train_size` /
-    `data.test_size`); for a Python env the first n (default all) of `run.env`'s task dicts."""
+    """The first n tasks of `split` ("train", "validation" or "test"): `{"seed": int32[n]}` of a JAX
+    env (default n: its size, `suite_sizes`; `run_splits` says how the splits are made); for a
+    Python env the first n (default all) of `run.env`'s task dicts (even lines train, odd test)."""
     if cfg.env.kind == "python":
         if run is None:
             raise ValueError("the tasks of a Python env live in its Run: pass run=build_run(cfg).")
         return run.env.split(split, n)
-    if n is None:
-        n = cfg.data.train_size if split == "train" else cfg.data.test_size
-    return {"seed": split_seeds(cfg.env.name, split, n)}
+    sizes = suite_sizes(cfg)
+    if split not in sizes:
+        raise ValueError(f"Unknown split {split!r}; valid splits are {list(sizes)}.")
+    n = sizes[split] if n is None else n
+    return {"seed": run_splits(cfg, run, {**sizes, split: max(sizes[split], n)}).head(split, n)}
+
+
+def eval_split(cfg: Config) -> str:
+    """The split that training-time evaluation reads: validation (a Python env has none: test)."""
+    return "test" if cfg.env.kind == "python" else "validation"
+
+
+def suite_summary(cfg: Config, run: Run | None = None) -> dict:
+    """How the run's tasks were split, for reports: the split sizes, `overlap` = how many of the
+    `eval.num_tasks` test tasks have a level (content hash) among the training tasks', `disjoint_by`
+    ("content", or "seed" for a JAX env with too few levels and a Python env's even/odd lines) and
+    `path` (the stored suites' directory, or None)."""
+    from bmrl.data import level_hashes, suite_overlap
+
+    n = max(cfg.eval.num_tasks, 1)
+    if cfg.env.kind == "python":
+        if run is None:
+            raise ValueError("the tasks of a Python env live in its Run: pass run=build_run(cfg).")
+        train, test = split_tasks(cfg, "train", run=run), split_tasks(cfg, "test", n, run=run)
+        overlap = suite_overlap(level_hashes(None, train), level_hashes(None, test))
+        return {"train": len(train), "validation": 0, "test": len(test), "overlap": overlap, "disjoint_by": "seed",
+                "path": None}
+    splits = run_splits(cfg, run)
+    stored = cfg.data.data_dir is not None or os.path.isdir(cfg.out_dir)
+    return {**{s: len(v) for s, v in splits.seeds.items()}, "test": n,
+            "overlap": suite_overlap(splits.hashes["train"], splits.hashes["test"][:n]), "disjoint_by": splits.by,
+            "path": data_dir(cfg) if stored else None}
+
+
+def suite_line(suites: dict) -> str:
+    """One report line for `suite_summary`'s dict: how the splits were made and their overlap."""
+    how = ("disjoint by level content" if suites["disjoint_by"] == "content"
+           else "disjoint by seed or task line only (too few distinct levels to split by content)")
+    line = (f"Tasks: {suites['train']} train, {suites['validation']} validation, {suites['test']} test, {how}; "
+            f"{suites['overlap']} of the {suites['test']} test tasks repeat a training level.")
+    if suites["overlap"]:
+        line += " The test levels repeat training levels: held-out results measure partly seen levels."
+    return line

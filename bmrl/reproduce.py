@@ -403,6 +403,9 @@ def _render(cfg: Config, names: list[str], per_seed: list[dict], seed_results: l
                "units": int(pooled[BASE]["surface"].shape[0]),
                "figures": {k: os.path.relpath(v, out) for k, v in figures.paths.items()},
                "colour_scales": figures.scales}
+    from bmrl.build import suite_summary
+
+    summary["suites"] = suite_summary(cfg)  # how the test levels were held out; overlap with training levels
     with open(os.path.join(out, "summary.json"), "w") as fh:
         json.dump(summary, fh, indent=2, default=float)
     return {**summary, "table_md": table_md}

@@ -170,13 +170,14 @@ def train(cfg, *, progress: bool | None = None, run: policy_lib.Run | None = Non
     run = policy_lib.build_run(cfg, tok) if run is None else run  # checked before any write by `bmrl train`
     env, fmt, rcfg, budget = run.env, run.fmt, run.rollout, run.budget
     python = cfg.env.kind == "python"  # a Python env: host_rollout on the same compiled turn, tasks are dicts
+    held_out = {s: policy_lib.split_tasks(cfg, s, max(cfg.eval.num_tasks, 1), run=run)
+                for s in {policy_lib.eval_split(cfg), "test"}}  # in between: validation; first and last: test
     if python:
         train_tasks = policy_lib.split_tasks(cfg, "train", run=run)
         train_seeds = np.arange(len(train_tasks), dtype=np.int32)  # the data stream draws task indices
-        test_seeds = policy_lib.split_tasks(cfg, "test", max(cfg.eval.num_tasks, 1), run=run)
     else:
-        train_seeds = policy_lib.split_tasks(cfg, "train")["seed"]
-        test_seeds = policy_lib.split_tasks(cfg, "test", max(cfg.eval.num_tasks, 1))["seed"]
+        train_seeds = policy_lib.split_tasks(cfg, "train", run=run)["seed"]
+        held_out = {s: tasks["seed"] for s, tasks in held_out.items()}
     batch = t.tasks_per_step * t.group_size
 
     graphdef, params = nnx.split(policy)
@@ -221,7 +222,7 @@ def train(cfg, *, progress: bool | None = None, run: policy_lib.Run | None = Non
     sample_caps = compiles_lib.counted_jit(
         lambda key: budget.sample(key, batch, t.group_size, cfg.budget.share_in_group), name="budget_sample")
 
-    evaluate = make_evaluator(graphdef, env, fmt, cfg, test_seeds, mesh)
+    evaluators = {s: make_evaluator(graphdef, env, fmt, cfg, tasks, mesh) for s, tasks in held_out.items()}
     inject = Injection.none(rcfg.max_turns)
     counted_before = compiles_lib.counts()
 
@@ -240,12 +241,15 @@ def train(cfg, *, progress: bool | None = None, run: policy_lib.Run | None = Non
     compile_history: list[int] = []
 
     def run_eval(step: int) -> None:
-        res = evaluate(params, jax.random.fold_in(jax.random.fold_in(base_key, EVAL_STREAM), step))
+        """Pass@(1,T) at `step`: the test split at the first and last step (the gain), validation between."""
+        split = "test" if step in (0, t.steps) else policy_lib.eval_split(cfg)
+        res = evaluators[split](params, jax.random.fold_in(jax.random.fold_in(base_key, EVAL_STREAM), step))
         eval_log[step] = res
-        logger.write(step, {f"eval/pass1_T{T}": p for T, (p, _) in res.items()}
-                     | {f"eval/pass1_T{T}_se": se for T, (_, se) in res.items()})
+        prefix = "eval" if split == "test" else "val"
+        logger.write(step, {f"{prefix}/pass1_T{T}": p for T, (p, _) in res.items()}
+                     | {f"{prefix}/pass1_T{T}_se": se for T, (_, se) in res.items()})
         text = "  ".join(f"T={T}: {p:.3f}±{se:.3f}" for T, (p, se) in res.items())
-        bar.write(f"eval step {step}: Pass@(1,T) {text}")
+        bar.write(f"eval step {step} ({split}): Pass@(1,T) {text}")
 
     every = cfg.eval.every if evaluate else 0
     if start == 0 and evaluate:
@@ -312,14 +316,14 @@ def train(cfg, *, progress: bool | None = None, run: policy_lib.Run | None = Non
         "resumed_from": start,
         "wall_s": time.time() - wall0,
         "compiles": compile_counts(),
-        "eval_compiles": evaluate.trace_count(),
+        "eval_compiles": sum(e.trace_count() for e in evaluators.values()),
         "compile_history": compile_history,
         "skipped_updates": int(last.get("train/skipped_total", 0)) if last else 0,
         "tokens_seen": tokens_seen,
         "final": {k: to_scalar(v) for k, v in last.items()},
         "eval": {str(T): {"pass1": p, "se": se} for T, (p, se) in final_eval.items()},
         "eval_initial": {str(T): {"pass1": p, "se": se} for T, (p, se) in first_eval.items()},
-        "eval_history": {str(s): {str(T): p for T, (p, _) in r.items()} for s, r in sorted(eval_log.items())},
+        "eval_history": {str(s): {str(T): p for T, (p, _) in r.items()} for s, r in sorted(eval_log.items())},  # test at 0 and the end, validation between
         "policy": policy_dir,
     }
     write_json_atomic(os.path.join(out, "summary.json"), summary)

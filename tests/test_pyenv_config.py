@@ -134,7 +134,7 @@ def test_wrapped_corridor_evaluates_like_the_compiled_one(tmp_path, tiny_tokeniz
     """The same policy, keys and test tasks: env.kind=python with the corridor wrapped
     (`bmrl.envs.python.jax_env:builtin`) gives the jax-kind run's first-success turns, exactly, in
     exact and truncate mode (mode both); so the same Pass@(1,T)."""
-    from bmrl.build import split_seeds
+    from bmrl.build import split_tasks
     from bmrl.config import build, load
     from bmrl.eval.run import evaluate_policies
 
@@ -145,7 +145,7 @@ def test_wrapped_corridor_evaluates_like_the_compiled_one(tmp_path, tiny_tokeniz
                  "probe_states": 0, "temperature": 1.0},
         "budget": {"kind": "fixed", "budgets": [6]},
     }
-    train, test = split_seeds("corridor", "train", 6), split_seeds("corridor", "test", 6)
+    train, test = (split_tasks(build(base), split, 6)["seed"] for split in ("train", "test"))
     lines = [{"seed": int(s)} for pair in zip(train, test) for s in pair]
     (tmp_path / "tasks.jsonl").write_text("".join(json.dumps(t) + "\n" for t in lines))
     py = dict(base, env={"kind": "python", "entry": "bmrl.envs.python.jax_env:builtin",

@@ -124,6 +124,8 @@ def test_compare_cli_writes_verdicts(tmp_path, capsys):
     assert s["findings"]["F2"]["intervals"]["recovery_minus_clean"]["upper"] == 0.0
     report = (out / "report.md").read_text()
     assert "| F2 | inconclusive |" in report and "What Does Multi-Turn Reinforcement Learning" in report
+    assert s["suites"]["disjoint_by"] == "seed" and s["suites"]["overlap"] == 12  # the corridor: two levels
+    assert "The test levels repeat training levels" in report
 
 
 @pytest.mark.parametrize("spec, msg", [

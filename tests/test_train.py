@@ -254,7 +254,8 @@ def test_compile_count_constant_whatever_budgets(tmp_path):
         assert (out / name).exists(), name
     records = [json.loads(line) for line in open(out / "metrics.jsonl")]
     assert [r["step"] for r in records if "train/loss" in r] == [1, 2, 3]
-    assert {r["step"] for r in records if "eval/pass1_T4" in r} == {0, 2, 3}
+    assert {r["step"] for r in records if "eval/pass1_T4" in r} == {0, 3}  # the test split: first and last step
+    assert {r["step"] for r in records if "val/pass1_T4" in r} == {2}  # eval.every: the validation split
     assert set(summary["eval"]) == {"1", "4"} and summary["skipped_updates"] == 0
     assert sorted(os.listdir(out / "checkpoints")) == ["2", "3"]
     assert (out / "tb").is_dir() and os.listdir(out / "tb")

@@ -131,6 +131,7 @@ def _run(args: argparse.Namespace, cfg) -> int:
               file=sys.stderr)
         results[name] = evaluate(model, env, tasks, ts=e.ts, ks=e.ks, attempts=e.attempts, rollout_cfg=rcfg,
                                  key=jax.random.key(cfg.seed), mode=e.mode, bootstrap=e.bootstrap, fmt=fmt)
+    suites = pol.suite_summary(cfg, run)  # how the test tasks were held out, and how many repeat a training level
     findings = compare_findings(results["base"], results["trained"], num_resamples=e.bootstrap)
     env_name = f"python {cfg.env.entry}" if python else cfg.env.name
     settings = {"config": args.config, "base": args.base, "trained": args.trained, "env": f"{env_name} {dict(cfg.env.options)}",
@@ -139,11 +140,11 @@ def _run(args: argparse.Namespace, cfg) -> int:
     out = args.out or os.path.join(cfg.out_dir, "compare")
     os.makedirs(out, exist_ok=True)
     summary = {"findings": findings, "policies": {n: r.summary() for n, r in results.items()}, "settings": settings,
-               "interval": INTERVAL}
+               "interval": INTERVAL, "suites": suites}
     with open(os.path.join(out, "summary.json"), "w") as f:
         json.dump(_no_nan(summary), f, indent=2, default=float, allow_nan=False)
     with open(os.path.join(out, "report.md"), "w") as f:
-        f.write(report(findings, results, settings))
+        f.write(report(findings, results, settings, suites))
     for v in findings.values():
         print(v["sentence"])
     print(f"wrote {os.path.join(out, 'report.md')}, {os.path.join(out, 'summary.json')}")
@@ -164,8 +165,10 @@ def _no_nan(x: Any) -> Any:
 INTERVAL = "95% bootstrap interval over tasks, paired (both policies on the same tasks with the same keys)"
 
 
-def report(findings: dict, results: dict, settings: dict) -> str:
-    """report.md: settings, the verdicts with their intervals and rules, and both policies' measures."""
+def report(findings: dict, results: dict, settings: dict, suites: dict | None = None) -> str:
+    """report.md: settings, how the tasks were split (`bmrl.build.suite_summary`), the verdicts with their
+    intervals and rules, and both policies' measures."""
+    from bmrl.build import suite_line
     from bmrl.eval import markdown
     from bmrl.eval.states import state_accuracy_counts
     from bmrl.eval.verdicts import STUDY
@@ -193,7 +196,7 @@ def report(findings: dict, results: dict, settings: dict) -> str:
     parts = [
         "# bmrl compare", "",
         f"The findings of the study \"{STUDY}\" (F1, F2) tested between two policies. Intervals: {INTERVAL}.", "",
-        markdown.key_values(settings), "", "## Verdicts", "",
+        markdown.key_values(settings), "", *([suite_line(suites), ""] if suites else []), "## Verdicts", "",
         markdown.table(["finding", "verdict", "statistic", "mean [95% interval]"], rows), "",
         (f"F2 compares the two policies on the states both met: {shared['clean']} clean states and "
          f"{shared['post_error']} states right after a first error."), "",

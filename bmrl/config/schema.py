@@ -155,11 +155,12 @@ class EvalCfg:
 
 @dataclass
 class DataCfg:
-    """Tasks: JAX envs draw level seeds (train even, test odd); Python envs read data.tasks."""
+    """Tasks: JAX envs split level seeds by level content (bmrl.data.suites); Python envs read data.tasks."""
 
-    data_dir: Optional[str] = None  # TFDS data dir; null = <out_dir>/data
-    train_size: int = 4096  # jax: tasks in the training suite (even seeds)
-    test_size: int = 256  # jax: tasks in the held-out suite (odd seeds)
+    data_dir: Optional[str] = None  # where the task suites are stored (TFDS array_record); null = <out_dir>/data
+    train_size: int = 4096  # jax: tasks in the training suite
+    val_size: int = 64  # jax: tasks in the validation suite (training-time evaluation, eval.every); at least eval.num_tasks
+    test_size: int = 256  # jax: tasks in the held-out test suite (final evaluation); at least eval.num_tasks
     tasks: Optional[str] = None  # python: JSONL file, one task (reset's options) a line; lines 0, 2, 4... train, 1, 3, 5... test; relative = to the config file
 
 

@@ -348,7 +348,7 @@ def validate(cfg: Config) -> None:
         raise ConfigError("eval.ks", f"every K must be in [1, eval.attempts={e.attempts}], got {e.ks}.")
     if e.temperature < 0:
         raise ConfigError("eval.temperature", f"must be >= 0 (0 = greedy), got {e.temperature}.")
-    _positive(cfg.data, "data", ("train_size", "test_size"))
+    _positive(cfg.data, "data", ("train_size", "val_size", "test_size"))
     _positive(cfg.checkpoint, "checkpoint", ("every", "keep"))
     sizes = {name: getattr(cfg.mesh, name) for name in ("data", "fsdp", "tensor")}
     for name, size in sizes.items():

@@ -1,25 +1,17 @@
-"""Task suites as tensorflow-datasets (array_record) builders; see `bmrl.data.suites`."""
+"""Task suites: train / validation / test levels disjoint by content, stored as TFDS array_record;
+see `bmrl.data.suites` and `bmrl.data.content`."""
 
+from bmrl.data.content import level_hashes
 from bmrl.data.suites import (
-    SPLITS,
-    SUITES,
-    SuiteSpec,
-    TaskSuite,
-    build_suite,
-    load_suite,
-    make_suite_env,
-    split_seeds,
-    suite_tasks,
+           SPLITS,
+           Splits,
+           build_suite,
+           compute_splits,
+           level_options,
+           read_suite,
+           suite_name,
+           suite_overlap,
 )
 
-__all__ = [
-    "SPLITS",
-    "SUITES",
-    "SuiteSpec",
-    "TaskSuite",
-    "build_suite",
-    "load_suite",
-    "make_suite_env",
-    "split_seeds",
-    "suite_tasks",
-]
+__all__ = ["SPLITS", "Splits", "build_suite", "compute_splits", "level_hashes", "level_options", "read_suite",
+           "suite_name", "suite_overlap"]

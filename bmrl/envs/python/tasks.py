@@ -3,9 +3,9 @@
     tasks = read_tasks("tasks.jsonl")      # [dict, ...] in file order
     split = split_tasks(tasks)              # {"train": tasks[0::2], "test": tasks[1::2]}
 
-The split is by line position: lines 0, 2, 4, ... (0-based) train, lines 1, 3, 5, ... test, the
-same even/odd rule as the level seeds of the JAX suites. It is deterministic, keeps the file's
-order, and train and test never share a line (identical lines in both halves are the file's choice).
+The split is by line position: lines 0, 2, 4, ... (0-based) train, lines 1, 3, 5, ... test. It is
+deterministic, keeps the file's order, and train and test never share a line; identical tasks in
+both halves are the file's choice, counted by content in reports (`bmrl.build.suite_summary`).
 """
 
 from __future__ import annotations
