@@ -40,7 +40,8 @@ BIG = str(2**80)
 
 # A Python env (env.kind=python) on the same experiment: the tool-use env with a small task file.
 PY = BASE.replace("env: {name: corridor, options: {length: 3}}",
-                  "env: {kind: python, entry: 'bmrl.envs.python.tools:ToolUse', options: {k: 2}}")
+                  "env: {kind: python, entry: 'bmrl.envs.python.tools:ToolUse', options: {k: 2}}").replace(
+                  "data: {train_size: 8, test_size: 4}\n", "")  # a Python env's tasks are data.tasks' lines
 TASKS = ["data.tasks={tasks}"]
 # The shipped real-model config (model.path ???), refused before its tasks are read.
 QWEN = (pathlib.Path(__file__).resolve().parents[1] / "configs" / "qwen_tools.yaml").read_text()
@@ -158,6 +159,8 @@ CASES: dict[str, tuple[str, str | bytes | None, list[str], str]] = {
     "python on_fault": ("train", PY, ["env.on_fault=crash", *TASKS], "env.on_fault"),
     "python timeout 0": ("train", PY, ["env.step_timeout_s=0", *TASKS], "env.step_timeout_s"),
     "python workers 0": ("train", PY, ["env.workers=0", *TASKS], "env.workers"),
+    "python with a JAX env's name": ("train", PY, ["env.name=toolchain", *TASKS], "env.name"),
+    "python with a suite size": ("train", PY, ["data.train_size=8", *TASKS], "data.train_size"),
     "python max_len 20": ("train", PY, ["rollout.max_len=20", *TASKS], "rollout.max_len"),
     "jax with entry": ("train", None, ["env.entry=a:b"], "env.entry"),
     "jax with tasks": ("train", None, TASKS, "data.tasks"),

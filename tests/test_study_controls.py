@@ -1,5 +1,6 @@
 """Controls: the study's verdicts on scripted policies whose truth is known, run through the one
-evaluator on the slippery corridor (paired: same tasks, same keys).
+evaluator on the slippery corridor and on keypad, where recovery is a distinct skill (paired: same
+tasks, same keys).
 
 - Two memoryless noisy oracles that differ only in error rate: better decisions everywhere, no
   recovery skill, so F2 must never read `as_study`.
@@ -28,12 +29,19 @@ POLICIES = {
 }
 
 
-@pytest.fixture(scope="module")
-def results(tiny_tokenizer):
+ENVS = {  # both slip (errors the environment reports); in keypad the right move after an error (delete)
+    # is one the oracle never makes in a clean state, in the corridor it is the move before the error
+    "corridor": dict(length=4, eps=0.1),
+    "keypad": dict(length=4, eps=0.1),
+}
+
+
+@pytest.fixture(scope="module", params=sorted(ENVS))
+def results(request, tiny_tokenizer):
     from bmrl.envs import make
 
-    env = make("corridor", tiny_tokenizer, length=4, eps=0.1)  # slips: errors the environment reports
-    cfg = RolloutConfig(max_turns=10, max_reply_tokens=4, max_len=512)
+    env = make(request.param, tiny_tokenizer, **ENVS[request.param])
+    cfg = RolloutConfig(max_turns=10, max_reply_tokens=4, max_len=640)
     tasks = {"seed": np.arange(1, 65, 2, dtype=np.int32)}  # 32 tasks x 8 attempts
     return {name: evaluate(p, env, tasks, ts=[4, 6, 10], ks=[1, 4], attempts=8, rollout_cfg=cfg, key=3, bootstrap=500)
             for name, p in POLICIES.items()}
@@ -49,7 +57,7 @@ def test_fewer_errors_without_recovery_never_reads_as_recovery(results):
     assert f["F2"]["verdict"] in ("inconclusive", "opposite"), f["F2"]["sentence"]
     # Both accuracies rise by about 0.2 (0.7 -> 0.9), in clean states and right after an error alike.
     for m in ("delta_clean_accuracy", "delta_recovery_accuracy"):
-        assert iv[m]["lower"] > 0.1 and abs(iv[m]["mean"] - 0.2) < 0.05, (m, iv[m])
+        assert iv[m]["lower"] > 0.1 and iv[m]["lower"] <= 0.2 <= iv[m]["upper"], (m, iv[m])
     d = iv["recovery_minus_clean"]
     assert d["lower"] <= 0 <= d["upper"], d
 
