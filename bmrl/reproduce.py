@@ -304,14 +304,15 @@ def _evaluate_seed(cfg: Config, eval_cfg: Config, seed: int, dirs: dict[str, str
 def _stage_configs(cfg: Config, seed: int) -> tuple[Config, dict[str, Config], Config]:
     """The configs of one seed's stages: SFT, each RL variant (from the SFT policy), evaluation."""
     rep, sdir = cfg.reproduce, os.path.join(cfg.out_dir, f"seed{seed}")
-    sft_cfg = stage_config(cfg, seed, os.path.join(sdir, "sft"))
+    data = {"data_dir": cfg.data.data_dir or os.path.join(cfg.out_dir, "data")}  # one stored suite for every stage
+    sft_cfg = stage_config(cfg, seed, os.path.join(sdir, "sft"), data=data)
     base_dir = os.path.join(sft_cfg.out_dir, "policy")
     rl_cfgs = {}
     for name in rep.variants:
         process = {"train": {"process_coef": float(rep.process[name])}} if name in rep.process else {}
         rl_cfgs[name] = stage_config(cfg, seed, os.path.join(sdir, name), model={"path": base_dir},
-                                     budget=to_dict(cfg)["reproduce"]["variants"][name], **process)
-    return sft_cfg, rl_cfgs, stage_config(cfg, seed, os.path.join(sdir, "eval"))
+                                     budget=to_dict(cfg)["reproduce"]["variants"][name], data=data, **process)
+    return sft_cfg, rl_cfgs, stage_config(cfg, seed, os.path.join(sdir, "eval"), data=data)
 
 
 def reproduce(cfg: Config, *, log: Callable[[str], Any] = print, stages=None) -> dict:
@@ -393,9 +394,13 @@ def _render(cfg: Config, names: list[str], per_seed: list[dict], seed_results: l
     groups = pooled[GROUPS]["surface"] if len(per_seed) > 1 else None
     figures = study_figures(out, pooled, names, ks, ts, f["F2"]["intervals"], rep.generous, resamples, BASE, groups)
     seeds_md, seed_rows = per_seed_table(per_seed, seed_results, rep.seeds, rep, ks, ts)
+    from bmrl.build import suite_line, suite_summary
+
+    data_cfg = stage_config(cfg, cfg.seed, out, data={"data_dir": cfg.data.data_dir or os.path.join(out, "data")})
+    suites = suite_summary(data_cfg)  # how the test levels were held out; overlap with training levels
     wall = sum(v for v in stage_times.values() if v is not None)
     report = _report_md(cfg, sentences + ["Measured:"] + details, table_md, figures, seed_reports, wall, len(rep.seeds),
-                        pooled[BASE]["surface"].shape[0], f["F2"]["intervals"], seeds_md)
+                        pooled[BASE]["surface"].shape[0], f["F2"]["intervals"], seeds_md, suite_line(suites))
     with open(os.path.join(out, "report.md"), "w") as fh:
         fh.write(report)
     summary = {"findings": f, "sentences": sentences, "details": details, "table": table, "wall_time_s": wall,
@@ -403,9 +408,7 @@ def _render(cfg: Config, names: list[str], per_seed: list[dict], seed_results: l
                "units": int(pooled[BASE]["surface"].shape[0]),
                "figures": {k: os.path.relpath(v, out) for k, v in figures.paths.items()},
                "colour_scales": figures.scales}
-    from bmrl.build import suite_summary
-
-    summary["suites"] = suite_summary(cfg)  # how the test levels were held out; overlap with training levels
+    summary["suites"] = suites
     with open(os.path.join(out, "summary.json"), "w") as fh:
         json.dump(summary, fh, indent=2, default=float)
     return {**summary, "table_md": table_md}
@@ -427,7 +430,7 @@ def base_description(cfg: Config, f2_intervals: dict | None = None) -> str:
 
 
 def _report_md(cfg: Config, sentences, table_md, figures, seed_reports, wall, seeds, units, f2_intervals=None,
-               seeds_md: str = "") -> str:
+               seeds_md: str = "", suites_md: str = "") -> str:
     rep = cfg.reproduce
     variants = ", ".join(f"`{n}`: {b.kind} {b.budgets if b.kind != 'uniform' else [b.lo, b.hi]}"
                          + (f" p={b.probs}" if b.probs else "")
@@ -452,6 +455,7 @@ def _report_md(cfg: Config, sentences, table_md, figures, seed_reports, wall, se
         f"real caps (exact mode). Intervals: 95% bootstrap intervals over seeds and tasks ({units} (seed, task) units; "
         "seeds resampled, then tasks within seed), paired for differences.",
         "",
+        *([suites_md, ""] if suites_md else []),
         *process_note,
         "## Findings",
         "",

@@ -41,7 +41,7 @@ ERRORS = {
     "budget kind": ("", ["budget.kind=mixed"], "budget.kind", "choose one of: fixed, mix, uniform"),
     "uniform lo > hi": ("", ["budget.kind=uniform", "budget.lo=6", "budget.hi=3"], "budget.lo", "1 <= lo <= hi"),
     "cap below 1": ("", ["budget.budgets=[0]"], "budget.budgets", "integers >= 1"),
-    "env name": ("", ["env.name=corridoor"], "env.name", "choose one of: corridor, frozenlake, sokoban, toolchain"),
+    "env name": ("", ["env.name=corridoor"], "env.name", "choose one of: corridor, frozenlake, keypad, sokoban, toolchain"),
     "env option name": ("", ["env.options.lenght=4"], "env.options.lenght", "valid options: max_budget (default 128), length"),
     "env option value": ("", ["env.options.eps=1.5"], "env.options.eps", "must be in [0, 1)"),
     "env option of other env": ("env: {name: sokoban, options: {length: 4}}\n", [], "env.options.length", "valid options"),
@@ -209,3 +209,15 @@ def test_docs_command_updates_block(tmp_path, capsys):
     assert text.startswith("# title") and text.endswith("tail\n")
     assert main(["config", "--docs", str(path)]) == 0
     assert "already current" in capsys.readouterr().out
+
+
+def test_process_variant_config_is_the_study_plus_one_variant():
+    """configs/reproduce_process.yaml is configs/reproduce_cpu.yaml plus the process-reward variant, so
+    the two studies cannot drift apart."""
+    study, process = (config.to_dict(config.load(REPO / "configs" / f)) for f in ("reproduce_cpu.yaml", "reproduce_process.yaml"))
+    extra = process["reproduce"]["variants"].pop("budgetmix_process")
+    assert extra == study["reproduce"]["variants"]["budgetmix"] and process["reproduce"].pop("process") == {"budgetmix_process": 0.5}
+    study["reproduce"].pop("process")
+    assert process["out_dir"] != study["out_dir"]
+    process["out_dir"] = study["out_dir"]
+    assert process == study

@@ -153,6 +153,10 @@ def test_report_figures_and_tables(tiny_run):
     if len(seeds) == 1:  # one seed: its G is the pooled point estimate
         assert g == pytest.approx(summary["findings"]["F1"]["intervals"]["gain_large_minus_small"]["mean"])
     assert "go on and show the oracle's repair" in report and "in clean states and" in report
+    suites = summary["suites"]  # the quickstart corridor has two levels: held out by seed only, and it says so
+    assert suites["disjoint_by"] == "seed" and suites["overlap"] > 0
+    assert f"{suites['overlap']} of the {suites['test']} test tasks repeat a training level" in report
+    assert (out / "data").is_dir() and not any((out / "seed0").glob("*/data"))  # one stored suite for all stages
     for seed_report in re.findall(r"\]\((seed\d+/eval/report\.md)\)", report):
         gfm_tables((out / seed_report).read_text())
 

@@ -18,7 +18,9 @@ levels, sizes, VERSION), named `<env>_<digest>`; records hold seed, index and co
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import io
 import hashlib
 import json
 import os
@@ -179,10 +181,31 @@ def _builder(env, sizes: dict[str, int], data_dir):
     return TaskSuite(env=env, sizes=sizes, config=config, data_dir=str(data_dir), file_format="array_record")
 
 
+@contextlib.contextmanager
+def _quiet():
+    """TFDS says what it does on stdout and through absl warnings ("Using custom data configuration",
+    "Downloading and preparing dataset"): nothing is downloaded here, so keep a run's output clean."""
+    from absl import logging as absl_logging
+
+    level = absl_logging.get_verbosity()
+    absl_logging.set_verbosity(absl_logging.ERROR)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            yield
+    finally:
+        absl_logging.set_verbosity(level)
+
+
+def _prepare(builder) -> None:
+    with _quiet():
+        builder.download_and_prepare()  # a no-op when stored already
+
+
 def build_suite(env, sizes: dict[str, int], data_dir: str | os.PathLike) -> str:
     """Write `env`'s splits at `sizes` as array_record under `data_dir` (a no-op if there); their path."""
-    builder = _builder(env, sizes, data_dir)
-    builder.download_and_prepare()
+    with _quiet():
+        builder = _builder(env, sizes, data_dir)
+    _prepare(builder)
     return str(builder.data_dir)
 
 
@@ -191,8 +214,9 @@ def read_suite(env, sizes: dict[str, int], data_dir: str | os.PathLike) -> Split
     (once per process)."""
     key = (os.path.abspath(data_dir), suite_name(env, sizes))
     if key not in _READ:
-        builder = _builder(env, sizes, data_dir)
-        builder.download_and_prepare()  # a no-op when stored already
+        with _quiet():
+            builder = _builder(env, sizes, data_dir)
+        _prepare(builder)
         seeds, hashes, by = {}, {}, "content"
         for split in SPLITS:
             source = builder.as_data_source(split=split)
