@@ -53,15 +53,11 @@ def _rows(states) -> np.ndarray:
     return np.ascontiguousarray(np.concatenate(parts, axis=1))
 
 
-_RESETS: dict[int, Any] = {}
-
-
 def _batched_reset(env):
-    """`reset(seeds int32[CHUNK]) -> states` of `env`, jitted once per env object."""
+    """`reset(seeds int32[CHUNK]) -> states` of `env`, compiled once per env (`bmrl.compiles`)."""
     import jax
 
-    if id(env) not in _RESETS:
-        key = jax.random.PRNGKey(0)
-        _RESETS.clear()  # one env at a time: no stale ids
-        _RESETS[id(env)] = (env, jax.jit(jax.vmap(lambda s: env._reset(key, {"seed": s}))))
-    return _RESETS[id(env)][1]
+    from bmrl import compiles
+
+    key = jax.random.PRNGKey(0)
+    return compiles.program("level_reset", env, lambda: jax.jit(jax.vmap(lambda s: env._reset(key, {"seed": s}))))
