@@ -323,24 +323,25 @@ def suite_sizes(cfg: Config) -> dict[str, int]:
     return {"train": d.train_size, "validation": max(d.val_size, n), "test": max(d.test_size, n)}
 
 
-def data_dir(cfg: Config) -> str:
-    """Where the run's task suites are stored: `data.data_dir`, default `<out_dir>/data`."""
-    return cfg.data.data_dir or os.path.join(cfg.out_dir, "data")
+def data_dir(cfg: Config) -> str | None:
+    """Where the run's task suites are stored (`data.data_dir`; `bmrl reproduce` sets `<out_dir>/data`
+    for all its stages), or None: computed in memory, the same splits."""
+    return cfg.data.data_dir
 
 
 def run_splits(cfg: Config, run: Run | None = None, sizes: dict[str, int] | None = None):
     """The `bmrl.data.Splits` of a JAX env's run (`run.env`'s levels, else the env of `cfg`).
 
-    Stored under `data_dir(cfg)` (TFDS array_record, built once, then read back) when `data.data_dir`
-    is set or `out_dir` exists (a run writing there); else computed in memory, the same splits.
+    Stored under `data.data_dir` (TFDS array_record, built once, then read back) when it is set; else
+    computed in memory (once per process), the same splits.
     """
     from bmrl.data.suites import compute_splits, read_suite
     from bmrl.envs import _CharTokenizer
 
     env = run.env if run is not None else make_env(cfg, _CharTokenizer())  # levels need no tokenizer
     sizes = sizes or suite_sizes(cfg)
-    if cfg.data.data_dir is not None or os.path.isdir(cfg.out_dir):
-        return read_suite(env, sizes, data_dir(cfg))
+    if cfg.data.data_dir is not None:
+        return read_suite(env, sizes, cfg.data.data_dir)
     return _memo(compute_splits, env, sizes)
 
 
@@ -393,10 +394,9 @@ def suite_summary(cfg: Config, run: Run | None = None) -> dict:
         return {"train": len(train), "validation": 0, "test": len(test), "overlap": overlap, "disjoint_by": "seed",
                 "path": None}
     splits = run_splits(cfg, run)
-    stored = cfg.data.data_dir is not None or os.path.isdir(cfg.out_dir)
     return {**{s: len(v) for s, v in splits.seeds.items()}, "test": n,
             "overlap": suite_overlap(splits.hashes["train"], splits.hashes["test"][:n]), "disjoint_by": splits.by,
-            "path": data_dir(cfg) if stored else None}
+            "path": data_dir(cfg)}
 
 
 def suite_line(suites: dict) -> str:

@@ -66,11 +66,14 @@ def test_stored_suites_equal_the_computed_ones_and_are_built_once(tmp_path):
     assert suite_summary(cfg)["path"] == str(tmp_path / "suites") and suite_summary(cfg)["overlap"] == 0
 
 
-def test_default_data_dir_is_under_an_existing_out_dir(tmp_path):
+def test_without_a_data_dir_nothing_is_written_and_the_splits_are_the_same(tmp_path):
     cfg = _cfg(tmp_path, {"name": "toolchain"})
     os.makedirs(cfg.out_dir)
-    split_tasks(cfg, "test", 4)
-    assert os.listdir(os.path.join(cfg.out_dir, "data", "task_suite"))
+    stored = _cfg(tmp_path, {"name": "toolchain"}, data_dir=str(tmp_path / "suites"))
+    for split in SPLITS:
+        np.testing.assert_array_equal(split_tasks(cfg, split, 4)["seed"], split_tasks(stored, split, 4)["seed"])
+    assert os.listdir(cfg.out_dir) == [] and os.listdir(tmp_path / "suites" / "task_suite")
+    assert suite_summary(cfg)["path"] is None
     with pytest.raises(ValueError, match="valid splits are"):
         split_tasks(cfg, "held_out")
 

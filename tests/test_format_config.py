@@ -92,7 +92,8 @@ def test_train_parses_replies_with_the_run_format(qwen_dir, tmp_path, monkeypatc
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         train_lib.train(cfg, progress=False)
-    assert len(used) == 2 and all(f.reply_format == "think_answer" and f.system.startswith(PROMPT) for f in used)
+    # The rollout and two evaluators (test at the first and last step, validation between).
+    assert len(used) == 3 and all(f.reply_format == "think_answer" and f.system.startswith(PROMPT) for f in used)
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     (step,) = [r for r in records if "rollout/invalid_rate" in r]
     # Tagged answers are parsed (read as action strings, every reply would be invalid); the steered

@@ -50,8 +50,10 @@ def _assert_same(a, b):
 
 @pytest.mark.parametrize(
     "name, temperature",
-    # Every env greedy, and sampled on two (corridor only sampled: each case costs a compile).
-    [(n, 0.0) for n in sorted(ENVS) if n != "corridor"] + [("corridor", 1.0), ("toolchain", 1.0)],
+    # Every env greedy, and sampled on two (corridor only sampled: each case costs a compile). Not keypad:
+    # the suite's tokenizer spells "press"/"delete" letter by letter, and a bigram-steered policy cannot
+    # spell repeated letters; keypad's episodes are checked by scripted policies (test_envs_keypad.py).
+    [(n, 0.0) for n in sorted(ENVS) if n not in ("corridor", "keypad")] + [("corridor", 1.0), ("toolchain", 1.0)],
     ids=lambda v: {0.0: "greedy", 1.0: "sampled"}.get(v, v) if isinstance(v, float) else v,
 )
 def test_rollout_equals_python_loop(name, temperature, tiny_tokenizer):

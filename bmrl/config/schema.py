@@ -157,7 +157,7 @@ class EvalCfg:
 class DataCfg:
     """Tasks: JAX envs split level seeds by level content (bmrl.data.suites); Python envs read data.tasks."""
 
-    data_dir: Optional[str] = None  # where the task suites are stored (TFDS array_record); null = <out_dir>/data
+    data_dir: Optional[str] = None  # store the task suites here (TFDS array_record, built once, read back); null = computed in memory (the same splits); reproduce uses <out_dir>/data
     train_size: int = 4096  # jax: tasks in the training suite
     val_size: int = 64  # jax: tasks in the validation suite (training-time evaluation, eval.every); at least eval.num_tasks
     test_size: int = 256  # jax: tasks in the held-out test suite (final evaluation); at least eval.num_tasks
