@@ -19,7 +19,7 @@ import numpy as np
 
 __all__ = ["level_hashes"]
 
-CHUNK = 4096  # tasks reset per jitted call (one compile per env and chunk shape)
+CHUNK = 256  # tasks reset per jitted call (one compile per env and chunk shape; small suites hash little)
 
 
 def level_hashes(env, tasks: Any) -> np.ndarray:

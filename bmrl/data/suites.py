@@ -38,6 +38,7 @@ VERSION = "2.0.0"
 SPLITS = ("train", "validation", "test")
 BUCKETS = 16  # hash % BUCKETS: 0 -> test, 1 -> validation, else train
 SLACK = 4  # a split may take SLACK x its expected draws before the env falls back to seeds
+DRAW = 4096  # seeds drawn from the stream at a time (the stream, so the splits, do not depend on CHUNK)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,21 +85,26 @@ def compute_splits(env, sizes: dict[str, int]) -> Splits:
     seen = {s: set() for s in SPLITS}
     kept = {s: ([], []) for s in SPLITS}
     draws = 0
-    while any(len(kept[s][0]) < sizes[s] for s in SPLITS):
+    unfilled = lambda: any(len(kept[s][0]) < sizes[s] for s in SPLITS)  # noqa: E731
+    while unfilled():
         if draws >= max_draws:
             return _seed_splits(env, sizes)
-        seeds = rng.integers(0, 2**31 - 1, size=CHUNK, dtype=np.int64).astype(np.int32)
-        hashes = level_hashes(env, {"seed": seeds})
+        block = rng.integers(0, 2**31 - 1, size=DRAW, dtype=np.int64).astype(np.int32)
         new = 0
-        for seed, h, i in zip(seeds.tolist(), hashes.tolist(), _bucket_split(hashes).tolist()):
-            s = SPLITS[i]
-            if len(kept[s][0]) < sizes[s] and h not in seen[s]:
-                seen[s].add(h)
-                kept[s][0].append(seed)
-                kept[s][1].append(h)
-                new += 1
-        draws += CHUNK
-        if new == 0:  # a whole chunk without a new level for an unfilled split: too few levels
+        for lo in range(0, DRAW, CHUNK):  # hashed a chunk at a time, only as far as the splits need
+            if not unfilled():
+                break
+            seeds = block[lo:lo + CHUNK]
+            hashes = level_hashes(env, {"seed": seeds})
+            for seed, h, i in zip(seeds.tolist(), hashes.tolist(), _bucket_split(hashes).tolist()):
+                s = SPLITS[i]
+                if len(kept[s][0]) < sizes[s] and h not in seen[s]:
+                    seen[s].add(h)
+                    kept[s][0].append(seed)
+                    kept[s][1].append(h)
+                    new += 1
+        draws += DRAW
+        if new == 0:  # a whole block of draws without a new level for an unfilled split: too few levels
             return _seed_splits(env, sizes)
     return Splits({s: np.asarray(kept[s][0], np.int32) for s in SPLITS},
                   {s: np.asarray(kept[s][1], np.uint64) for s in SPLITS}, "content")
