@@ -1,8 +1,8 @@
 """`bmrl reproduce`: the study end to end, on one machine.
 
 For every seed of `reproduce.seeds`: an SFT base policy (noisy-oracle demonstrations that show
-errors, and the repair after one in a fraction `sft.recovery` of them), then RL from that base under each budget variant of `reproduce.variants`
-(a fixed generous budget, a fixed tight one, BudgetMix — same steps, same seed), then every policy
+errors, and the repair after one in a fraction `sft.recovery` of them), then RL from that base under
+each budget variant of `reproduce.variants` (a fixed generous budget, a fixed tight one, BudgetMix — same steps, same seed), then every policy
 evaluated on the same held-out tasks with Pass@(K,T) in exact mode, decision accuracy (on-policy and
 on a fixed probe set) and recovery (also with errors injected). Finished stages are skipped on a
 rerun (SFT and RL: their summary.json; evaluation: its results.json, JSON per-seed results made
@@ -381,6 +381,7 @@ def reproduce(cfg: Config, *, log: Callable[[str], Any] = print, stages=None) ->
 def _render(cfg: Config, names: list[str], per_seed: list[dict], seed_results: list[dict], ks, ts,
             seed_reports: list[str], stage_times: dict) -> dict:
     """Findings, verdicts, table, figures, report.md and summary.json from the per-seed results."""
+    from bmrl.build import suite_line, suite_summary
     from bmrl.eval.figures import study_figures
 
     rep, out = cfg.reproduce, cfg.out_dir
@@ -394,8 +395,6 @@ def _render(cfg: Config, names: list[str], per_seed: list[dict], seed_results: l
     groups = pooled[GROUPS]["surface"] if len(per_seed) > 1 else None
     figures = study_figures(out, pooled, names, ks, ts, f["F2"]["intervals"], rep.generous, resamples, BASE, groups)
     seeds_md, seed_rows = per_seed_table(per_seed, seed_results, rep.seeds, rep, ks, ts)
-    from bmrl.build import suite_line, suite_summary
-
     data_cfg = stage_config(cfg, cfg.seed, out, data={"data_dir": cfg.data.data_dir or os.path.join(out, "data")})
     suites = suite_summary(data_cfg)  # how the test levels were held out; overlap with training levels
     wall = sum(v for v in stage_times.values() if v is not None)
@@ -407,8 +406,7 @@ def _render(cfg: Config, names: list[str], per_seed: list[dict], seed_results: l
                "stage_times_s": stage_times, "seeds": list(rep.seeds), "per_seed": seed_rows,
                "units": int(pooled[BASE]["surface"].shape[0]),
                "figures": {k: os.path.relpath(v, out) for k, v in figures.paths.items()},
-               "colour_scales": figures.scales}
-    summary["suites"] = suites
+               "colour_scales": figures.scales, "suites": suites}
     with open(os.path.join(out, "summary.json"), "w") as fh:
         json.dump(summary, fh, indent=2, default=float)
     return {**summary, "table_md": table_md}
