@@ -51,3 +51,22 @@ def batched(tree, i):
 
 def seeds_task(n: int, offset: int = 0):
     return {"seed": jnp.arange(offset, offset + n, dtype=jnp.int32)}
+
+
+def assert_oracle_matches_closed_form(env, prob, length: int, ts, n: int = 4000) -> None:
+    """The oracle's Monte Carlo success rate within T (n episodes of `3 * length` turns) matches the
+    closed form `prob(T)` for every T in `ts`: within 4 standard errors, plus two episodes of slack
+    (near p = 1 the normal approximation of a count of ~1 fails)."""
+    import math
+
+    from bmrl.rollout import oracle_policy, play
+
+    horizon = 3 * length
+    keys = jax.random.split(jax.random.PRNGKey(length), n)
+    ep = play(oracle_policy, env, seeds_task(n), np.full(n, horizon, np.int32), keys, horizon)
+    first = np.asarray(ep.first_success_turn)
+    for T in ts:
+        p = prob(T)
+        rate = np.mean((first >= 1) & (first <= T))
+        se = math.sqrt(max(p * (1 - p), 1e-12) / n)
+        assert abs(rate - p) <= 4 * se + 2 / n, (T, rate, p)

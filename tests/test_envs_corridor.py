@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 
 import jax
 import jax.numpy as jnp
@@ -10,8 +9,7 @@ import numpy as np
 import pytest
 
 from bmrl.envs.corridor import corridor_success_prob
-from bmrl.rollout import oracle_policy, play
-from tests.env_helpers import env_with, seeds_task
+from tests.env_helpers import assert_oracle_matches_closed_form, env_with
 
 
 def test_closed_form_against_a_direct_dynamic_program():
@@ -29,16 +27,7 @@ def test_closed_form_against_a_direct_dynamic_program():
 @pytest.mark.parametrize("L,eps", [(4, 0.2), (6, 0.4)])
 def test_oracle_monte_carlo_matches_closed_form(L, eps):
     env = env_with("corridor", length=L, eps=eps)
-    n, horizon = 4000, 3 * L
-    keys = jax.random.split(jax.random.PRNGKey(L), n)
-    ep = play(oracle_policy, env, seeds_task(n), np.full(n, horizon, np.int32), keys, horizon)
-    first = np.asarray(ep.first_success_turn)
-    for T in range(L - 1, horizon + 1, 2):
-        p = corridor_success_prob(L, eps, T)
-        rate = np.mean((first >= 1) & (first <= T))
-        se = math.sqrt(max(p * (1 - p), 1e-12) / n)
-        # 4 sigma, plus two episodes of slack: near p = 1 the normal approximation of a count of ~1 fails.
-        assert abs(rate - p) <= 4 * se + 2 / n, (T, rate, p)
+    assert_oracle_matches_closed_form(env, lambda T: corridor_success_prob(L, eps, T), L, range(L - 1, 3 * L + 1, 2))
 
 
 def test_text_walls_slips_and_exit_direction():

@@ -3,7 +3,6 @@ error (delete) is one the oracle never makes in a clean state; the seeds give ma
 
 from __future__ import annotations
 
-import math
 
 import jax
 import jax.numpy as jnp
@@ -14,7 +13,7 @@ from bmrl.envs import make
 from bmrl.envs.keypad import keypad_success_prob
 from bmrl.rollout import oracle_policy, play
 from bmrl.rollout.policies import NoisyOracle
-from tests.env_helpers import assert_roundtrip, env_with, seeds_task, tiny_tokenizer
+from tests.env_helpers import assert_oracle_matches_closed_form, assert_roundtrip, env_with, seeds_task, tiny_tokenizer
 
 
 def test_closed_form_against_a_direct_dynamic_program():
@@ -35,16 +34,7 @@ def test_closed_form_against_a_direct_dynamic_program():
 @pytest.mark.parametrize("L,eps", [(4, 0.2), (6, 0.4)])
 def test_oracle_monte_carlo_matches_closed_form(L, eps):
     env = env_with("keypad", length=L, eps=eps)
-    n, horizon = 4000, 3 * L
-    keys = jax.random.split(jax.random.PRNGKey(L), n)
-    ep = play(oracle_policy, env, seeds_task(n), np.full(n, horizon, np.int32), keys, horizon)
-    first = np.asarray(ep.first_success_turn)
-    for T in range(L - 1, horizon + 1):
-        p = keypad_success_prob(L, eps, T)
-        rate = np.mean((first >= 1) & (first <= T))
-        se = math.sqrt(max(p * (1 - p), 1e-12) / n)
-        # 4 sigma, plus two episodes of slack: near p = 1 the normal approximation of a count of ~1 fails.
-        assert abs(rate - p) <= 4 * se + 2 / n, (T, rate, p)
+    assert_oracle_matches_closed_form(env, lambda T: keypad_success_prob(L, eps, T), L, range(L - 1, 3 * L + 1))
 
 
 def test_oracle_solves_every_level_in_length_turns_without_slips():
