@@ -301,10 +301,16 @@ def _evaluate_seed(cfg: Config, eval_cfg: Config, seed: int, dirs: dict[str, str
     stages.finish()
 
 
+def study_data_dir(cfg: Config) -> str:
+    """Where the study's task suites are stored, one for every stage and seed: `data.data_dir`, default
+    `<out_dir>/data`."""
+    return cfg.data.data_dir or os.path.join(cfg.out_dir, "data")
+
+
 def _stage_configs(cfg: Config, seed: int) -> tuple[Config, dict[str, Config], Config]:
     """The configs of one seed's stages: SFT, each RL variant (from the SFT policy), evaluation."""
     rep, sdir = cfg.reproduce, os.path.join(cfg.out_dir, f"seed{seed}")
-    data = {"data_dir": cfg.data.data_dir or os.path.join(cfg.out_dir, "data")}  # one stored suite for every stage
+    data = {"data_dir": study_data_dir(cfg)}
     sft_cfg = stage_config(cfg, seed, os.path.join(sdir, "sft"), data=data)
     base_dir = os.path.join(sft_cfg.out_dir, "policy")
     rl_cfgs = {}
@@ -395,7 +401,7 @@ def _render(cfg: Config, names: list[str], per_seed: list[dict], seed_results: l
     groups = pooled[GROUPS]["surface"] if len(per_seed) > 1 else None
     figures = study_figures(out, pooled, names, ks, ts, f["F2"]["intervals"], rep.generous, resamples, BASE, groups)
     seeds_md, seed_rows = per_seed_table(per_seed, seed_results, rep.seeds, rep, ks, ts)
-    data_cfg = stage_config(cfg, cfg.seed, out, data={"data_dir": cfg.data.data_dir or os.path.join(out, "data")})
+    data_cfg = stage_config(cfg, cfg.seed, out, data={"data_dir": study_data_dir(cfg)})
     suites = suite_summary(data_cfg)  # how the test levels were held out; overlap with training levels
     wall = sum(v for v in stage_times.values() if v is not None)
     report = _report_md(cfg, sentences + ["Measured:"] + details, table_md, figures, seed_reports, wall, len(rep.seeds),

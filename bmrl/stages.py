@@ -102,31 +102,15 @@ STAGE_SECTIONS = {
 }
 
 
-def _flat(d: dict, prefix: str = ""):
-    for k, v in d.items():
-        if isinstance(v, dict):
-            yield from _flat(v, f"{prefix}{k}.")
-        else:
-            yield f"{prefix}{k}", v
-
-
-def changed_settings(saved: dict, now: dict, sections: tuple[str, ...]) -> list[str]:
-    """Dotted keys under `sections` whose values differ between two config dicts."""
-    pick = lambda d: {k: v for k, v in _flat(d) if k.split(".")[0] in sections}  # noqa: E731
-    a, b = pick(json.loads(json.dumps(saved, default=str))), pick(json.loads(json.dumps(now, default=str)))
-    return sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
-
-
 def check_stage_config(out_dir: str, cfg: Any, kind: str) -> None:
     """Refuse to reuse a finished stage in `out_dir` whose config.yaml differs from `cfg` in a setting the
     stage's result depends on (`STAGE_SECTIONS`); raises ConfigError naming the keys and the fix."""
-    from bmrl.config import ConfigError, to_dict
-    from bmrl.config.load import read_yaml
+    from bmrl.config import ConfigError, changed_keys, read_yaml, to_dict
 
     path = os.path.join(out_dir, "config.yaml")
     if kind not in STAGE_SECTIONS or not os.path.isfile(path):
         return
-    changed = changed_settings(read_yaml(path), to_dict(cfg), STAGE_SECTIONS[kind])
+    changed = changed_keys(read_yaml(path), to_dict(cfg), STAGE_SECTIONS[kind])
     if changed:
         shown = ", ".join(changed[:8]) + (" ..." if len(changed) > 8 else "")
         raise ConfigError(changed[0], f"the finished stage in {out_dir} was made with other settings ({shown}); "

@@ -127,17 +127,7 @@ def _check_resume_config(saved: dict | None, cfg) -> list[str]:
     """Keys whose values differ between the checkpoint's config and this run's (out_dir ignored)."""
     if not saved:
         return []
-    now = json.loads(json.dumps(config_lib.to_dict(cfg)))
-
-    def flat(d, prefix=""):
-        for k, v in d.items():
-            if isinstance(v, dict):
-                yield from flat(v, f"{prefix}{k}.")
-            else:
-                yield f"{prefix}{k}", v
-
-    a, b = dict(flat(saved)), dict(flat(now))
-    return sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k) and k not in ("out_dir", "train.steps"))
+    return config_lib.changed_keys(saved, config_lib.to_dict(cfg), ignore=("out_dir", "train.steps"))
 
 
 def train(cfg, *, progress: bool | None = None, run: policy_lib.Run | None = None,

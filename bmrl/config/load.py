@@ -13,6 +13,7 @@ depend on the environment it is read in). Every refusal is a `ConfigError` namin
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 import typing
@@ -208,6 +209,26 @@ def load(path: str | os.PathLike | None = None, overrides: list[str] | tuple[str
 def to_dict(cfg: Config) -> dict:
     """A plain dict of `cfg` (for YAML/JSON dumps and checkpoints)."""
     return dataclasses.asdict(cfg)
+
+
+def changed_keys(saved: dict, now: dict, sections: tuple[str, ...] | None = None, ignore: tuple[str, ...] = ()) -> list[str]:
+    """Dotted keys whose values differ between two config dicts (compared as JSON), limited to the
+    top-level `sections` when given, leaving out the keys in `ignore`: what a resumed run or a reused
+    stage would silently change."""
+
+    def flat(d: dict, prefix: str = ""):
+        for k, v in d.items():
+            if isinstance(v, dict):
+                yield from flat(v, f"{prefix}{k}.")
+            else:
+                yield f"{prefix}{k}", v
+
+    def pick(d: dict) -> dict:
+        return {k: v for k, v in flat(json.loads(json.dumps(d, default=str)))
+                if (sections is None or k.split(".")[0] in sections) and k not in ignore}
+
+    a, b = pick(saved), pick(now)
+    return sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
 
 
 def to_yaml(cfg: Config) -> str:

@@ -101,7 +101,7 @@ class Keypad(Env):
     def _step(self, key, state, action):
         k_slip, k_other = jax.random.split(key)
         p, wrong = state.typed, state.wrong
-        need = state.code[jnp.minimum(p, self.L - 1)]
+        need = self._need(state)
         is_delete = action == self.DELETE
         press = ~wrong & ~is_delete  # a press on a clean screen registers a digit
         right = press & (action == need) & (p < self.L)
@@ -125,9 +125,12 @@ class Keypad(Env):
     def _progress(self, state):
         return state.typed / self.L
 
+    def _need(self, state):
+        """The next digit of the code (the last one once all are typed)."""
+        return state.code[jnp.minimum(state.typed, self.L - 1)]
+
     def oracle_action(self, state):
-        need = state.code[jnp.minimum(state.typed, self.L - 1)]
-        return jnp.where(state.wrong, self.DELETE, need).astype(jnp.int32)
+        return jnp.where(state.wrong, self.DELETE, self._need(state)).astype(jnp.int32)
 
     def optimal_turns(self, task):
         return jnp.asarray(self.L, jnp.int32) + 0 * jnp.asarray(task["seed"], jnp.int32)
@@ -143,8 +146,7 @@ class Keypad(Env):
         f = self.fragments
         done = state.typed >= self.L
         line = jnp.where(state.wrong, WRONG, jnp.where(done, DONE, NEXT))
-        need = state.code[jnp.minimum(state.typed, self.L - 1)]
-        digit = jnp.where(line == NEXT, self.num_id(need), f.id("none"))
+        digit = jnp.where(line == NEXT, self.num_id(self._need(state)), f.id("none"))
         return jnp.stack(
             [f.id("typed"), self.num_id(state.typed), f.id("of"), self.num_id(self.L), f.id("state", line), digit, f.id("end")]
         )
