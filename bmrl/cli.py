@@ -32,11 +32,22 @@ def build_parser() -> argparse.ArgumentParser:
 # Commands that compute with JAX: on a multi-process run (a TPU pod slice, several GPU hosts) they
 # start `jax.distributed` first; for a single process this is a no-op.
 DISTRIBUTED_COMMANDS = ("sft", "train", "eval", "reproduce", "sweep")
+# Commands that compile XLA programs: they load the ones compiled before from the persistent cache
+# (`bmrl.compile_cache`; BMRL_COMPILE_CACHE=off disables it).
+COMPILING_COMMANDS = (*DISTRIBUTED_COMMANDS, "compare", "passkt")
 
 
 def main(argv: list[str] | None = None) -> int:
     """Parse `argv` and run the chosen command; returns its exit status."""
     args = build_parser().parse_args(argv)
+    if args.command in COMPILING_COMMANDS:
+        from bmrl.compile_cache import CompileCacheError, enable
+
+        try:
+            enable()
+        except CompileCacheError as err:
+            print(f"bmrl {args.command}: {err}", file=sys.stderr)
+            return 2
     if args.command in DISTRIBUTED_COMMANDS:
         from bmrl.distributed import initialize
 

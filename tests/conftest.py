@@ -16,6 +16,22 @@ SLOW_FIRST = (
 )
 
 
+def pytest_configure(config):
+    """One persistent compilation cache for the whole session (`bmrl.compile_cache`): a fresh
+    directory made by the controller and inherited by the xdist workers and every subprocess a test
+    starts, so a program the suite compiled once (the tiny model's rollout, update, evaluation...) is
+    loaded from disk by every other file and CLI run. `BMRL_COMPILE_CACHE=off pytest` runs without it."""
+    import shutil
+    import tempfile
+
+    if "BMRL_COMPILE_CACHE" not in os.environ:
+        os.environ["BMRL_COMPILE_CACHE"] = path = tempfile.mkdtemp(prefix="bmrl_test_xla_")
+        config.add_cleanup(lambda: shutil.rmtree(path, ignore_errors=True))
+    from bmrl.compile_cache import enable
+
+    enable()
+
+
 def pytest_collection_modifyitems(config, items):
     """Run the slowest files first (stable: tests keep their order within a file)."""
     rank = {name: i for i, name in enumerate(SLOW_FIRST)}
