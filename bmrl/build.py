@@ -42,6 +42,8 @@ __all__ = [
     "model_config",
     "new_policy",
     "python_parts",
+    "python_sizes",
+    "python_splits",
     "rollout_config",
     "run_format",
     "run_splits",
@@ -174,15 +176,14 @@ def _hf_tokenizer(path):
         raise ConfigError("model.path", f"the tokenizer in {str(path)!r} could not be loaded: {err}") from None
 
 
-def python_parts(cfg: Config) -> tuple[Any, dict[str, list[dict]], list[str]]:
-    """(factory, tasks by split, first observations) of a python-kind env: `env.entry` imported from
-    `env.path` (default: the working directory) and `sys.path` with one env built and checked, the
-    `data.tasks` file read (`bmrl.envs.python.tasks`: even lines train, odd lines test), and the first
-    observations of the tasks (`bmrl.rollout.pyenv.reset_texts`). Raises ConfigError naming
-    env.entry, env.options or data.tasks."""
+def python_parts(cfg: Config) -> tuple[Any, Any, list[str]]:
+    """(factory, `bmrl.data.TaskSplits`, first observations) of a python-kind env: `env.entry` imported
+    from `env.path` (default: the working directory) and `sys.path` with one env built and checked, the
+    `data.tasks` file read and split (`python_splits`), and the first observations of the file's tasks
+    (`bmrl.rollout.pyenv.reset_texts`). Raises ConfigError naming env.entry, env.options, data.tasks
+    or a data size."""
     from bmrl.envs.python.protocol import EntryError, load_entry
     from bmrl.envs.python.tasks import TaskFileError, read_tasks
-    from bmrl.envs.python.tasks import split_tasks as split_task_list
     from bmrl.rollout.pyenv import reset_texts
 
     e = cfg.env
@@ -194,7 +195,50 @@ def python_parts(cfg: Config) -> tuple[Any, dict[str, list[dict]], list[str]]:
         tasks = read_tasks(cfg.data.tasks)
     except TaskFileError as err:
         raise ConfigError("data.tasks", str(err)) from None
-    return factory, split_task_list(tasks), reset_texts(factory, tasks)
+    return factory, python_splits(cfg, tasks), reset_texts(factory, tasks)
+
+
+SIZE_KEYS = {"train": "train_size", "validation": "val_size", "test": "test_size"}  # split -> its data.* size
+
+
+def python_sizes(cfg: Config) -> dict[str, int | None]:
+    """What a Python env keeps of each split: the first `data.<split>_size` tasks where the config sets
+    that key (to a value other than its default), else None: all of them."""
+    from bmrl.config.schema import DataCfg
+
+    given = lambda key: getattr(cfg.data, key) != getattr(DataCfg(), key)  # noqa: E731
+    return {s: getattr(cfg.data, key) if given(key) else None for s, key in SIZE_KEYS.items()}
+
+
+def python_splits(cfg: Config, tasks: list[dict]) -> Any:
+    """The `bmrl.data.TaskSplits` of a Python env's `tasks` (the `data.tasks` file's, in order): disjoint
+    by content, repeated tasks dropped (`bmrl.data.suites.task_splits`), cut to `python_sizes`; stored
+    under `data.data_dir` when set (TFDS array_record, built once, read back), else in memory, the same.
+
+    Raises ConfigError naming data.tasks when the train or test split would be empty (too few tasks:
+    about 1 in 16 lands in test), or the size key of a split that holds fewer tasks than it asks for.
+    """
+    from bmrl.data.suites import read_task_suite, task_splits
+
+    full = task_splits(tasks)
+    counts = full.counts()
+    held = ", ".join(f"{n} {s}" for s, n in counts.items())
+    repeats = f" ({full.duplicates} repeated task(s) dropped)" if full.duplicates else ""
+    if not counts["train"] or not counts["test"]:
+        raise ConfigError("data.tasks", f"{cfg.data.tasks!r}: its {sum(counts.values())} distinct task(s){repeats} "
+                          f"split into {held}; a run needs train and test tasks. A task's split is decided by its "
+                          "content hash (about 1 in 16 tasks lands in test, 1 in 16 in validation): give more "
+                          "distinct tasks (48 give about 3 test tasks).")
+    sizes = python_sizes(cfg)
+    for split, n in sizes.items():
+        if n is not None and n > counts[split]:
+            raise ConfigError(f"data.{SIZE_KEYS[split]}", f"asks for the first {n} {split} tasks, but "
+                              f"{cfg.data.tasks!r} splits into {held}: set it to at most {counts[split]}, add "
+                              "tasks, or remove it to use all of them.")
+    if cfg.data.data_dir is None:
+        return full.head(sizes)
+    stored = read_task_suite(cfg.env.entry, tasks, sizes, cfg.data.data_dir)
+    return dataclasses.replace(stored, duplicates=full.duplicates)
 
 
 def host_config(cfg: Config):
@@ -213,8 +257,9 @@ def make_env(cfg: Config, tokenizer, parts: tuple | None = None):
     if cfg.env.kind == "python":
         from bmrl.rollout.pyenv import PythonEnv
 
-        factory, tasks, observations = parts or python_parts(cfg)
-        return PythonEnv.build(cfg.env.entry, factory, tasks, tokenizer, host_config(cfg), texts=observations)
+        factory, splits, observations = parts or python_parts(cfg)
+        return PythonEnv.build(cfg.env.entry, factory, splits.tasks, tokenizer, host_config(cfg), texts=observations,
+                               duplicates=splits.duplicates)
 
     options = dict(cfg.env.options)
     if cfg.env.show_budget and "max_budget" not in options and cfg.rollout.max_turns > 128:
@@ -361,7 +406,7 @@ def _memo(compute, env, sizes):
 def split_tasks(cfg: Config, split: str, n: int | None = None, run: Run | None = None) -> Any:
     """The first n tasks of `split` ("train", "validation" or "test"): `{"seed": int32[n]}` of a JAX
     env (default n: its size, `suite_sizes`; `run_splits` says how the splits are made); for a
-    Python env the first n (default all) of `run.env`'s task dicts (even lines train, odd test)."""
+    Python env the first n (default all) of `run.env`'s task dicts (`python_splits`)."""
     if cfg.env.kind == "python":
         if run is None:
             raise ValueError("the tasks of a Python env live in its Run: pass run=build_run(cfg).")
@@ -373,26 +418,28 @@ def split_tasks(cfg: Config, split: str, n: int | None = None, run: Run | None =
     return {"seed": run_splits(cfg, run, {**sizes, split: max(sizes[split], n)}).head(split, n)}
 
 
-def eval_split(cfg: Config) -> str:
-    """The split that training-time evaluation reads: validation (a Python env has none: test)."""
-    return "test" if cfg.env.kind == "python" else "validation"
+def eval_split(cfg: Config, run: Run | None = None) -> str:
+    """The split that training-time evaluation reads: validation (a Python env whose task file put no
+    task in it: test)."""
+    if cfg.env.kind == "python" and not split_tasks(cfg, "validation", run=run):
+        return "test"
+    return "validation"
 
 
 def suite_summary(cfg: Config, run: Run | None = None) -> dict:
     """How the run's tasks were split, for reports: the split sizes, `overlap` = how many of the
     `eval.num_tasks` test tasks have a level (content hash) among the training tasks', `disjoint_by`
-    ("content", or "seed" for a JAX env with too few levels and a Python env's even/odd lines) and
-    `path` (the stored suites' directory, or None)."""
+    ("content", or "seed" for a JAX env with too few levels) and `path` (the stored suites' directory,
+    or None); a Python env's also `duplicates` (its task file's repeated tasks, dropped)."""
     from bmrl.data import level_hashes, suite_overlap
 
     n = max(cfg.eval.num_tasks, 1)
     if cfg.env.kind == "python":
-        if run is None:
-            raise ValueError("the tasks of a Python env live in its Run: pass run=build_run(cfg).")
-        train, test = split_tasks(cfg, "train", run=run), split_tasks(cfg, "test", n, run=run)
+        train, val, test = (split_tasks(cfg, s, m, run=run) for s, m in (("train", None), ("validation", None),
+                                                                          ("test", n)))
         overlap = suite_overlap(level_hashes(None, train), level_hashes(None, test))
-        return {"train": len(train), "validation": 0, "test": len(test), "overlap": overlap, "disjoint_by": "seed",
-                "path": None}
+        return {"train": len(train), "validation": len(val), "test": len(test), "overlap": overlap,
+                "disjoint_by": "content", "duplicates": run.env.duplicates, "path": data_dir(cfg)}
     splits = run_splits(cfg, run)
     return {**{s: len(v) for s, v in splits.seeds.items()}, "test": n,
             "overlap": suite_overlap(splits.hashes["train"], splits.hashes["test"][:n]), "disjoint_by": splits.by,
@@ -401,10 +448,13 @@ def suite_summary(cfg: Config, run: Run | None = None) -> dict:
 
 def suite_line(suites: dict) -> str:
     """One report line for `suite_summary`'s dict: how the splits were made and their overlap."""
-    how = ("disjoint by level content" if suites["disjoint_by"] == "content"
-           else "disjoint by seed or task line only (too few distinct levels to split by content)")
+    what = "task" if "duplicates" in suites else "level"  # a Python env's task file, or a JAX env's levels
+    how = (f"disjoint by {what} content" if suites["disjoint_by"] == "content"
+           else "disjoint by seed only (too few distinct levels to split by content)")
+    if suites.get("duplicates"):
+        how += f" ({suites['duplicates']} repeated task(s) of the task file dropped)"
     line = (f"Tasks: {suites['train']} train, {suites['validation']} validation, {suites['test']} test, {how}; "
-            f"{suites['overlap']} of the {suites['test']} test tasks repeat a training level.")
+            f"{suites['overlap']} of the {suites['test']} test tasks repeat a training {what}.")
     if suites["overlap"]:
         line += " The test levels repeat training levels: held-out results measure partly seen levels."
     return line

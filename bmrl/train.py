@@ -161,7 +161,7 @@ def train(cfg, *, progress: bool | None = None, run: policy_lib.Run | None = Non
     env, fmt, rcfg, budget = run.env, run.fmt, run.rollout, run.budget
     python = cfg.env.kind == "python"  # a Python env: host_rollout on the same compiled turn, tasks are dicts
     held_out = {s: policy_lib.split_tasks(cfg, s, max(cfg.eval.num_tasks, 1), run=run)
-                for s in {policy_lib.eval_split(cfg), "test"}}  # in between: validation; first and last: test
+                for s in {policy_lib.eval_split(cfg, run), "test"}}  # in between: validation; first and last: test
     if python:
         train_tasks = policy_lib.split_tasks(cfg, "train", run=run)
         train_seeds = np.arange(len(train_tasks), dtype=np.int32)  # the data stream draws task indices
@@ -232,7 +232,7 @@ def train(cfg, *, progress: bool | None = None, run: policy_lib.Run | None = Non
 
     def run_eval(step: int) -> None:
         """Pass@(1,T) at `step`: the test split at the first and last step (the gain), validation between."""
-        split = "test" if step in (0, t.steps) else policy_lib.eval_split(cfg)
+        split = "test" if step in (0, t.steps) else policy_lib.eval_split(cfg, run)
         res = evaluators[split](params, jax.random.fold_in(jax.random.fold_in(base_key, EVAL_STREAM), step))
         eval_log[step] = res
         prefix = "eval" if split == "test" else "val"

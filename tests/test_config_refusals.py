@@ -41,13 +41,13 @@ BIG = str(2**80)
 # A Python env (env.kind=python) on the same experiment: the tool-use env with a small task file.
 PY = BASE.replace("env: {name: corridor, options: {length: 3}}",
                   "env: {kind: python, entry: 'bmrl.envs.python.tools:ToolUse', options: {k: 2}}").replace(
-                  "data: {train_size: 8, test_size: 4}\n", "")  # a Python env's tasks are data.tasks' lines
+                  "data: {train_size: 8, test_size: 4}\n", "")  # a Python env's tasks: data.tasks (all of them)
 TASKS = ["data.tasks={tasks}"]
 # The shipped real-model config (model.path ???), refused before its tasks are read.
 QWEN = (pathlib.Path(__file__).resolve().parents[1] / "configs" / "qwen_tools.yaml").read_text()
 
 # name: (command, config text (None = BASE; bytes = written raw), overrides, text the error must contain)
-# `{policy}`, `{nomodel}`, `{badjson}`, `{afile}`, `{tasks}`, `{badtasks}`, `{emptytasks}`, `{envdir}`
+# `{policy}`, `{nomodel}`, `{badjson}`, `{afile}`, `{tasks}`, `{badtasks}`, `{emptytasks}`, `{fewtasks}`, `{envdir}`
 # name fixtures made in the working directory.
 CASES: dict[str, tuple[str, str | bytes | None, list[str], str]] = {
     # file hygiene
@@ -160,7 +160,8 @@ CASES: dict[str, tuple[str, str | bytes | None, list[str], str]] = {
     "python timeout 0": ("train", PY, ["env.step_timeout_s=0", *TASKS], "env.step_timeout_s"),
     "python workers 0": ("train", PY, ["env.workers=0", *TASKS], "env.workers"),
     "python with a JAX env's name": ("train", PY, ["env.name=toolchain", *TASKS], "env.name"),
-    "python with a suite size": ("train", PY, ["data.train_size=8", *TASKS], "data.train_size"),
+    "python tasks too few": ("train", PY, ["data.tasks={fewtasks}"], "5 train, 1 validation, 0 test"),
+    "python suite size too large": ("train", PY, ["data.test_size=2", *TASKS], "data.test_size"),
     "python max_len 20": ("train", PY, ["rollout.max_len=20", *TASKS], "rollout.max_len"),
     "jax with entry": ("train", None, ["env.entry=a:b"], "env.entry"),
     "jax with tasks": ("train", None, TASKS, "data.tasks"),
@@ -213,7 +214,8 @@ def fixtures(tmp_path_factory) -> pathlib.Path:
     (root / "badjson").mkdir()
     (root / "badjson" / "config.json").write_text('{"model_type": "llama", ')
     (root / "afile").write_text("not a directory\n")
-    (root / "tasks").write_text("".join(f'{{"seed": {i}}}\n' for i in range(6)))
+    (root / "tasks").write_text("".join(f'{{"seed": {i}}}\n' for i in range(32)))  # split: 29, 2, 1 test
+    (root / "fewtasks").write_text("".join(f'{{"seed": {i}}}\n' for i in range(6)))  # split: 5, 1, 0 test
     (root / "badtasks").write_text('{"seed": 1}\n{"seed": 2,\n{"seed": 3}\n')
     (root / "emptytasks").write_text("\n")
     (root / "envdir").mkdir()
@@ -226,7 +228,7 @@ def fixtures(tmp_path_factory) -> pathlib.Path:
 def argv_of(name: str, fixtures: pathlib.Path) -> list[str]:
     """The command line of case `name`, run in a directory holding cfg.yaml (and sweep.yaml)."""
     command, text, overrides, _ = CASES[name]
-    for k in ("policy", "nomodel", "badjson", "afile", "tasks", "badtasks", "emptytasks", "envdir"):
+    for k in ("policy", "nomodel", "badjson", "afile", "tasks", "badtasks", "emptytasks", "fewtasks", "envdir"):
         overrides = [o.replace("{" + k + "}", str(fixtures / k)) for o in overrides]
     if text == "NOCONFIG":
         return [command, "out_dir=out", *overrides]
@@ -291,6 +293,9 @@ def test_refusals_say_key_value_and_fix(tmp_path, fixtures, capsys):
         "env interpolation in override": ["data.data_dir", "${oc.env:HOME}", "not expanded"],
         "duplicate nested key": ["steps", "twice", "keep one"],
         "python tasks bad line": ["data.tasks", "badtasks", "line 2", "one JSON object a line"],
+        "python tasks too few": ["data.tasks", "fewtasks", "6 distinct task(s)", "0 test", "give more distinct tasks"],
+        "python suite size too large": ["data.test_size", "first 2 test tasks", "29 train, 2 validation, 1 test",
+                                        "set it to at most 1"],
         "python entry import error": ["env.entry", "no_such_module_xyz", "next to the config file"],
         "think_answer max_reply_tokens 4": ["rollout.max_reply_tokens", "4 cannot hold", "answer tags",
                                             "format.kind=action"],

@@ -1,5 +1,6 @@
-"""Task suites: train / validation / test disjoint by level content (or, with too few levels, by seed,
-reported honestly), stable prefixes, stored once as TFDS array_record and read back the same."""
+"""Task suites: train / validation / test disjoint by content (a JAX env's levels, or with too few levels by
+seed, reported honestly; a Python env's task file), stable prefixes, stored once as TFDS array_record and
+read back the same."""
 
 from __future__ import annotations
 
@@ -9,9 +10,24 @@ import os
 import numpy as np
 import pytest
 
-from bmrl.build import build_run, split_tasks, suite_line, suite_summary
-from bmrl.config import build
-from bmrl.data import SPLITS, compute_splits, level_hashes, read_suite, suite_overlap
+from bmrl.build import (
+    build_run,
+    eval_split,
+    python_splits,
+    split_tasks,
+    suite_line,
+    suite_summary,
+)
+from bmrl.config import ConfigError, build
+from bmrl.data import (
+    SPLITS,
+    compute_splits,
+    level_hashes,
+    read_suite,
+    read_task_suite,
+    suite_overlap,
+    task_splits,
+)
 from bmrl.envs import _CharTokenizer, make
 
 SIZES = {"train": 256, "validation": 16, "test": 32}
@@ -78,12 +94,83 @@ def test_without_a_data_dir_nothing_is_written_and_the_splits_are_the_same(tmp_p
         split_tasks(cfg, "held_out")
 
 
-def test_python_env_overlap_counts_repeated_task_lines(tmp_path):
-    """Lines a, b, c, a: even lines train (a, c), odd test (b, a): one test task repeats a training task."""
-    tasks = [{"target": 1}, {"target": 2}, {"target": 3}, {"target": 1}]
+# A Python env's task file: 96 distinct tasks, a repeat of task 3 (keys reordered: the same content)
+# and a repeat of task 10; about 1 in 16 lands in test and in validation.
+TASKS = [{"target": i % 3, "id": f"task-{i}"} for i in range(96)]
+REPEATED = [*TASKS[:40], {"id": "task-3", "target": 0}, *TASKS[40:], dict(TASKS[10])]
+
+
+def _python_cfg(tmp_path, tasks=REPEATED, **data):
     (tmp_path / "tasks.jsonl").write_text("".join(json.dumps(t) + "\n" for t in tasks))
-    cfg = build({"env": {"kind": "python", "entry": "bmrl.envs.python.jax_env:builtin",
-                         "options": {"name": "corridor", "length": 3}},
-                 "data": {"tasks": str(tmp_path / "tasks.jsonl")}, "eval": {"num_tasks": 8}})
-    summary = suite_summary(cfg, build_run(cfg))
-    assert summary["overlap"] == 1 and summary["disjoint_by"] == "seed" and summary["test"] == 2
+    return build({"env": {"kind": "python", "entry": "bmrl.envs.python.jax_env:builtin",
+                          "options": {"name": "corridor", "length": 3}}, "out_dir": str(tmp_path / "run"),
+                  "data": {"tasks": str(tmp_path / "tasks.jsonl"), **data}, "eval": {"num_tasks": 4}})
+
+
+def test_python_tasks_split_by_content_with_repeats_dropped():
+    """The JAX envs' rule on a task file: each task in the split of its canonical JSON's hash (% 16: 0
+    test, 1 validation), distinct within, disjoint across, in file order; repeats dropped and counted;
+    a longer file keeps the splits of its first lines as prefixes."""
+    splits = task_splits(REPEATED)
+    assert splits.duplicates == 2 and sum(splits.counts().values()) == 96 and min(splits.counts().values()) > 0
+    for i, s in enumerate(SPLITS):
+        np.testing.assert_array_equal(level_hashes(None, splits.tasks[s]), splits.hashes[s])
+        assert len(np.unique(splits.hashes[s])) == len(splits.tasks[s])  # distinct within
+        assert [t["id"] for t in splits.tasks[s]] == [t["id"] for t in TASKS if t in splits.tasks[s]]  # file order
+        assert set((splits.hashes[s] % 16).tolist()) <= ({0} if s == "test" else {1} if s == "validation"
+                                                         else set(range(2, 16)))
+    for a, b in (("train", "test"), ("train", "validation"), ("validation", "test")):
+        assert suite_overlap(splits.hashes[a], splits.hashes[b]) == 0
+    assert level_hashes(None, [{"b": "é", "a": 1}])[0] == level_hashes(None, [{"a": 1, "b": "é"}])[0]
+    head = task_splits(TASKS[:48])
+    for s in SPLITS:
+        assert splits.tasks[s][: len(head.tasks[s])] == head.tasks[s]
+    cut = task_splits(REPEATED, {"test": 2, "train": 5})
+    assert cut.counts() == {"train": 5, "validation": splits.counts()["validation"], "test": 2}
+    assert cut.tasks["test"] == splits.tasks["test"][:2] and cut.duplicates == 2
+    with pytest.raises(ValueError, match="raise its data size"):
+        task_splits(REPEATED, {"test": 99})
+
+
+def test_python_suite_stored_equals_in_memory(tmp_path):
+    """data.data_dir: the task splits written as TFDS array_record (builder config named after the entry)
+    and read back through the data source equal the in-memory ones, sizes applied; nothing else written."""
+    memory = python_splits(_python_cfg(tmp_path, test_size=3), REPEATED)
+    stored = python_splits(_python_cfg(tmp_path, test_size=3, data_dir=str(tmp_path / "suites")), REPEATED)
+    assert memory.counts()["test"] == 3 and memory.duplicates == stored.duplicates == 2
+    for s in SPLITS:
+        assert stored.tasks[s] == memory.tasks[s]
+        np.testing.assert_array_equal(stored.hashes[s], memory.hashes[s])
+    (path,) = [os.path.join(r, d) for r, ds, _ in os.walk(tmp_path / "suites") for d in ds if d == "2.0.0"]
+    assert "bmrl_envs_python_jax_env_builtin_" in path and not (tmp_path / "run").exists()
+    again = read_task_suite("bmrl.envs.python.jax_env:builtin", REPEATED, {"test": 3}, tmp_path / "suites")
+    assert again.tasks == stored.tasks
+
+
+def test_python_task_file_too_small_or_sizes_too_large_is_refused(tmp_path):
+    """Three tasks land in no test split: data.tasks says how many went where and what to do; a size
+    beyond its split names its key and the counts."""
+    with pytest.raises(ConfigError) as err:
+        python_splits(_python_cfg(tmp_path, TASKS[:3]), TASKS[:3])
+    counts = task_splits(TASKS[:3]).counts()
+    assert err.value.key == "data.tasks" and f"{counts['train']} train, {counts['validation']} validation, 0 test" \
+        in str(err.value) and "give more distinct tasks" in str(err.value)
+    with pytest.raises(ConfigError) as err:
+        python_splits(_python_cfg(tmp_path, val_size=50), REPEATED)
+    assert err.value.key == "data.val_size" and "set it to at most" in str(err.value)
+
+
+def test_python_env_summary_reports_content_split(tmp_path):
+    """A Python env's run: three splits disjoint by task content, overlap 0, the repeats counted;
+    training-time evaluation reads validation."""
+    cfg = _python_cfg(tmp_path)
+    run = build_run(cfg)
+    counts = task_splits(REPEATED).counts()
+    summary = suite_summary(cfg, run)
+    assert summary == {"train": counts["train"], "validation": counts["validation"], "test": 4, "overlap": 0,
+                       "disjoint_by": "content", "duplicates": 2, "path": None}
+    line = suite_line(summary)
+    assert "disjoint by task content (2 repeated task(s)" in line and "0 of the 4 test tasks repeat a training task" \
+        in line
+    assert eval_split(cfg, run) == "validation" and split_tasks(cfg, "test", 2, run=run) == task_splits(
+        REPEATED).tasks["test"][:2]

@@ -4,6 +4,7 @@ and a broken entry refused (exit 2) before anything is written."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import textwrap
 import warnings
@@ -12,6 +13,7 @@ import numpy as np
 import pytest
 
 from bmrl.cli import main
+from bmrl.data import level_hashes, task_splits
 
 # A two-action guessing game; a task with "boom" raises in step (a fault of user code, not a crash).
 ENV_MODULE = '''
@@ -37,11 +39,9 @@ class Guess:
 def make(hint=True):
     return Guess(hint)
 '''
-TASKS = [  # even lines train, odd lines test
-    {"id": "t0", "target": "a", "boom": True}, {"id": "e0", "target": "b"},
-    {"id": "t1", "target": "b"}, {"id": "e1", "target": "a", "boom": True},
-    {"id": "t2", "target": "a", "boom": True}, {"id": "e2", "target": "a"},
-]
+# 34 tasks, two in three with "boom"; split by content (`bmrl.data.task_splits`): 28 train (19 boom),
+# 3 validation, 3 test: g12 (boom), g13, g33 (boom).
+TASKS = [{"id": f"g{i}", "target": "ab"[i % 2], **({"boom": True} if i % 3 != 1 else {})} for i in range(34)]
 CONFIG = """\
 seed: 0
 model: {hidden_size: 32, intermediate_size: 64, num_hidden_layers: 1, num_attention_heads: 2, num_key_value_heads: 1}
@@ -76,7 +76,8 @@ def test_train_then_eval_a_python_env_from_a_config(tmp_path, monkeypatch, capsy
     logged = [json.loads(line) for line in (tmp_path / "run" / "faults.jsonl").read_text().splitlines()]
     assert len(logged) == sum(faults)
     assert all(x["task"]["boom"] and x["kind"] == "exception" and "boom in task" in x["message"] for x in logged)
-    assert {x["task"]["id"] for x in logged} <= {"t0", "t2"}
+    splits = task_splits(TASKS)
+    assert {x["task"]["id"] for x in logged} <= {t["id"] for t in splits.tasks["train"] if t.get("boom")}
     saved = (tmp_path / "run" / "config.yaml").read_text()
     assert str(tmp_path / "conf" / "tasks.jsonl") in saved  # the run's config stands on its own
 
@@ -102,7 +103,8 @@ def test_train_then_eval_a_python_env_from_a_config(tmp_path, monkeypatch, capsy
     assert "skipped the decision-accuracy probes and error injection" in err
     res = json.loads((tmp_path / "run" / "eval" / "results.json").read_text())
     policy = res["policies"]["policy"]
-    assert policy["faults"] > 0 and policy["tasks"] == 3  # the test split: e0, e1 (boom), e2
+    assert [t["id"] for t in splits.tasks["test"]] == ["g12", "g13", "g33"]  # the fixture: a boom among them
+    assert policy["faults"] > 0 and policy["tasks"] == 3  # the test split
 
     # compare on the Python env: F2's states carry the oracle's action from info["oracle_action"]; a
     # policy against itself moves nothing, so both verdicts are inconclusive. Scripted policies need a
@@ -146,7 +148,9 @@ def test_wrapped_corridor_evaluates_like_the_compiled_one(tmp_path, tiny_tokeniz
         "budget": {"kind": "fixed", "budgets": [6]},
     }
     train, test = (split_tasks(build(base), split, 6)["seed"] for split in ("train", "test"))
-    lines = [{"seed": int(s)} for pair in zip(train, test) for s in pair]
+    # The task file's split is by content: each line gets the first "salt" (a key the corridor ignores)
+    # that puts it in the split the JAX run holds its seed in (hash % 16: 0 test, >= 2 train).
+    lines = [_salted(int(s), test=i % 2 == 1) for pair in zip(train, test) for i, s in enumerate(pair)]
     (tmp_path / "tasks.jsonl").write_text("".join(json.dumps(t) + "\n" for t in lines))
     py = dict(base, env={"kind": "python", "entry": "bmrl.envs.python.jax_env:builtin",
                          "options": {"name": "corridor", "length": 3, "eps": 0.2}},
@@ -165,6 +169,14 @@ def test_wrapped_corridor_evaluates_like_the_compiled_one(tmp_path, tiny_tokeniz
     assert py_res.max_abs_difference == jax_res.max_abs_difference == 0.0  # budget hidden: truncation is exact
     p1 = jax_res.pass1()[0]
     assert 0 < p1[-1] < 1 and p1[0] == 0.0, p1  # a real surface: corridors of 3 need 3 turns
+
+
+def _salted(seed: int, test: bool) -> dict:
+    """`{"seed": seed, "salt": n}` with the first n whose content hash puts it in test (or in train)."""
+    for salt in itertools.count():
+        bucket = int(level_hashes(None, [{"seed": seed, "salt": salt}])[0]) % 16
+        if (bucket == 0) if test else (bucket >= 2):
+            return {"seed": seed, "salt": salt}
 
 
 BROKEN = {

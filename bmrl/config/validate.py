@@ -197,16 +197,11 @@ def _check_python_env(cfg: Config) -> None:
     if cfg.data.tasks is None or not cfg.data.tasks.strip():
         raise ConfigError("data.tasks", "is required with env.kind=python; give a JSONL file with one task (a JSON "
                           "object, passed to reset as options) a line.")
-    from bmrl.config.schema import DataCfg, EnvCfg
+    from bmrl.config.schema import EnvCfg
 
     if e.name != EnvCfg().name:
         raise ConfigError("env.name", f"names a built-in JAX env ({e.name!r}); with env.kind=python the environment is "
                           "env.entry: remove env.name.")
-    for key in ("train_size", "val_size", "test_size"):
-        if getattr(cfg.data, key) != getattr(DataCfg(), key):
-            raise ConfigError(f"data.{key}", "sizes a JAX env's generated suite; a Python env's tasks are the lines of "
-                              "data.tasks (even lines train, odd lines test; eval.num_tasks caps the test tasks "
-                              "evaluated): remove it.")
     if e.show_budget:
         raise ConfigError("env.show_budget", "applies to JAX envs (they render the cap); with env.kind=python "
                           "set it false and show the budget from your environment if it should see one.")

@@ -5,8 +5,9 @@
 
 Distinct seeds do not mean distinct levels (the corridor has two: exit left or right), so held-out
 splits compare content. A JAX level's content is the leaves of `env._reset(PRNGKey(0), task)`
-computed for all tasks by one jitted vmap; a Python task's content is its canonical JSON (sorted
-keys). The hash is blake2b (8 bytes) of each row's bytes, the same on every run and machine.
+computed for all tasks by one jitted vmap; a Python task's content is its canonical JSON (`canonical`:
+sorted keys, no whitespace, UTF-8), so key order and spacing in the task file do not make two tasks
+differ. The hash is blake2b (8 bytes) of each row's bytes, the same on every run and machine.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["level_hashes"]
+__all__ = ["canonical", "level_hashes"]
 
 CHUNK = 256  # tasks reset per jitted call (one compile per env and chunk shape; small suites hash little)
 
@@ -26,8 +27,7 @@ def level_hashes(env, tasks: Any) -> np.ndarray:
     """uint64[n] content hashes of `tasks`: `{"seed": int[n]}` of JAX env `env`, or a list of task dicts
     (a Python env's; `env` unused)."""
     if isinstance(tasks, (list, tuple)):
-        return np.fromiter((_digest(json.dumps(t, sort_keys=True, default=str).encode()) for t in tasks),
-                           np.uint64, len(tasks))
+        return np.fromiter((_digest(canonical(t).encode()) for t in tasks), np.uint64, len(tasks))
     seeds = np.asarray(tasks["seed"], np.int32)
     out = np.empty(len(seeds), np.uint64)
     reset = _batched_reset(env)
@@ -37,6 +37,11 @@ def level_hashes(env, tasks: Any) -> np.ndarray:
         rows = _rows(reset(padded))[: len(chunk)]
         out[lo:lo + len(chunk)] = [_digest(r.tobytes()) for r in rows]
     return out
+
+
+def canonical(task: dict) -> str:
+    """`task` as canonical JSON: sorted keys, no whitespace, non-ASCII kept (hashed as UTF-8)."""
+    return json.dumps(task, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
 def _digest(data: bytes) -> int:

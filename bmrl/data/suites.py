@@ -1,19 +1,30 @@
-"""Task suites: train / validation / test level seeds of a JAX env, disjoint by level content.
+"""Task suites: train / validation / test tasks disjoint by content, of a JAX env or a Python env's task file.
 
-    splits = compute_splits(env, {"train": 4096, "validation": 64, "test": 256})   # in memory
+    splits = compute_splits(env, {"train": 4096, "validation": 64, "test": 256})   # a JAX env, in memory
     splits = read_suite(env, sizes, data_dir)    # the same, stored once as TFDS array_record, read back
     splits.seeds["test"], splits.hashes["test"], splits.by                         # int32[n], uint64[n]
+    tasks = task_splits(read_tasks("tasks.jsonl"))          # a Python env's task dicts by split
+    tasks = read_task_suite(entry, task_list, sizes, data_dir)        # the same, stored and read back
 
-The rule (`compute_splits`): seeds come from one stream keyed by the env name; a level's split is
-decided by its content hash (`bmrl.data.content.level_hashes`): hash % 16 == 0 test, 1 validation,
-else train; each split keeps the first n seeds whose level is new to it. So the splits are disjoint
-by content and distinct within, and prefixes are stable (the first n of a larger draw are the same).
-An env with too few distinct levels to fill a split within a bounded draw (the corridor has two)
-falls back to disjoint seeds (train 4s, validation 4s+2, test 2s+1): `by == "seed"`, and its test
-levels may repeat training levels (`suite_overlap` counts them).
+The rule (`_assign`): a task's split is decided by its content hash (`bmrl.data.content`): hash % 16
+== 0 test, 1 validation, else train; each split keeps the first n tasks whose content is new to it. So
+the splits are disjoint by content and distinct within, and prefixes are stable (the first n of a
+larger draw are the same).
 
-Stored suites (`TaskSuite`, "task_suite") are one builder config per (env, the options that shape
-levels, sizes, VERSION), named `<env>_<digest>`; records hold seed, index and content hash.
+A JAX env's tasks are level seeds from one stream keyed by the env name, its content the level they
+build (`compute_splits`). An env with too few distinct levels to fill a split within a bounded draw
+(the corridor has two) falls back to disjoint seeds (train 4s, validation 4s+2, test 2s+1):
+`by == "seed"`, and its test levels may repeat training levels (`suite_overlap` counts them).
+
+A Python env's tasks are the lines of its task file in file order, its content the task's canonical
+JSON (`task_splits`): every task lands in the split of its hash (a repeated line is dropped: it would
+repeat a task of the same split), so a file of N tasks gives about N/16 test and N/16 validation tasks.
+`sizes` (None = all) keep the first n of a split.
+
+Stored suites (`TaskSuite`, "task_suite") are one builder config per suite, named `<env>_<digest>`: for
+a JAX env of (env, the options that shape levels, sizes, VERSION), records hold seed, index, content
+hash; for a task file of (the tasks' canonical JSON in file order, sizes, VERSION), named after the
+entry, records hold the task's JSON text, index, content hash.
 """
 
 from __future__ import annotations
@@ -24,15 +35,17 @@ import io
 import hashlib
 import json
 import os
+import re
 import zlib
+from collections.abc import Callable, Iterator
 from typing import Any, ClassVar
 
 import numpy as np
 
-from bmrl.data.content import CHUNK, level_hashes
+from bmrl.data.content import CHUNK, canonical, level_hashes
 
-__all__ = ["SPLITS", "Splits", "TaskSuite", "build_suite", "compute_splits", "level_options", "read_suite",
-           "suite_name", "suite_overlap"]
+__all__ = ["SPLITS", "Splits", "TaskSplits", "TaskSuite", "build_suite", "compute_splits", "level_options",
+           "read_suite", "read_task_suite", "suite_name", "suite_overlap", "task_splits", "task_suite_name"]
 
 VERSION = "2.0.0"
 SPLITS = ("train", "validation", "test")
@@ -49,14 +62,71 @@ class Splits:
     seeds: dict[str, np.ndarray]
     hashes: dict[str, np.ndarray]
     by: str
+    FEATURES: ClassVar = {"seed": np.int32, "index": np.int32, "hash": np.uint64, "by_content": np.bool_}
 
     def head(self, split: str, n: int) -> np.ndarray:
         """The first `n` seeds of `split`, refused past its size."""
-        if split not in SPLITS:
-            raise ValueError(f"Unknown split {split!r}; valid splits are {list(SPLITS)}.")
-        if n > len(self.seeds[split]):
-            raise ValueError(f"{n} tasks asked of split {split!r} of {len(self.seeds[split])}; raise its data size.")
-        return self.seeds[split][:n]
+        return self.seeds[split][:_checked(split, n, len(self.seeds.get(split, ())))]
+
+    def records(self, split: str) -> Iterator[dict]:
+        """`split` as stored records (`FEATURES`)."""
+        for i, (seed, h) in enumerate(zip(self.seeds[split].tolist(), self.hashes[split].tolist())):
+            yield {"seed": seed, "index": i, "hash": h, "by_content": self.by == "content"}
+
+    @classmethod
+    def from_records(cls, records: dict[str, list[dict]]) -> Splits:
+        """The splits of stored records (each split's in index order)."""
+        by = "content" if all(bool(r["by_content"]) for rs in records.values() for r in rs) else "seed"
+        return cls({s: np.asarray([int(r["seed"]) for r in rs], np.int32) for s, rs in records.items()},
+                   {s: np.asarray([int(r["hash"]) for r in rs], np.uint64) for s, rs in records.items()}, by)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class TaskSplits:
+    """A Python env's task dicts and their content hashes `uint64[n]` by split, in file order; always
+    disjoint by content. `duplicates`: how many of the file's tasks were dropped as repeats."""
+
+    tasks: dict[str, list[dict]]
+    hashes: dict[str, np.ndarray]
+    duplicates: int = 0
+    by: ClassVar[str] = "content"
+    FEATURES: ClassVar = {"task": str, "index": np.int32, "hash": np.uint64}
+
+    def counts(self) -> dict[str, int]:
+        """How many tasks each split holds."""
+        return {s: len(self.tasks[s]) for s in SPLITS}
+
+    def head(self, sizes: dict[str, int | None]) -> TaskSplits:
+        """The first `sizes[split]` tasks of each split (None or absent: all), refused past its size."""
+        n = {s: len(self.tasks[s]) if sizes.get(s) is None else _checked(s, sizes[s], len(self.tasks[s]))
+             for s in SPLITS}
+        return TaskSplits({s: self.tasks[s][: n[s]] for s in SPLITS}, {s: self.hashes[s][: n[s]] for s in SPLITS},
+                          self.duplicates)
+
+    def records(self, split: str) -> Iterator[dict]:
+        """`split` as stored records (`FEATURES`): the task as JSON text in its own key order."""
+        for i, (task, h) in enumerate(zip(self.tasks[split], self.hashes[split].tolist())):
+            yield {"task": json.dumps(task, ensure_ascii=False), "index": i, "hash": h}
+
+    @classmethod
+    def from_records(cls, records: dict[str, list[dict]]) -> TaskSplits:
+        """The splits of stored records (each split's in index order); `duplicates` is not stored."""
+        return cls({s: [json.loads(_text(r["task"])) for r in rs] for s, rs in records.items()},
+                   {s: np.asarray([int(r["hash"]) for r in rs], np.uint64) for s, rs in records.items()})
+
+
+def _checked(split: str, n: int, size: int) -> int:
+    """`n`, refused when `split` is unknown or holds fewer than `n` tasks."""
+    if split not in SPLITS:
+        raise ValueError(f"Unknown split {split!r}; valid splits are {list(SPLITS)}.")
+    if n > size:
+        raise ValueError(f"{n} tasks asked of split {split!r} of {size}; raise its data size.")
+    return n
+
+
+def _text(value) -> str:
+    """A stored text feature (bytes when read through the data source) as str."""
+    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
 
 
 def level_options(env) -> dict[str, Any]:
@@ -74,6 +144,22 @@ def _bucket_split(hashes: np.ndarray) -> np.ndarray:
     """Split index (into SPLITS) of each content hash."""
     b = (hashes % BUCKETS).astype(np.int64)
     return np.where(b == 0, 2, np.where(b == 1, 1, 0))
+
+
+def _assign(items: list, hashes: np.ndarray, kept: dict[str, tuple[list, list]], seen: dict[str, set],
+            sizes: dict[str, int | None]) -> int:
+    """The rule, item by item in order: each goes to its content hash's split and is kept there (in
+    `kept[split]` = (items, hashes)) when the split wants more (`sizes[split]`, None = all) and its
+    content is new to it (`seen[split]`). Returns how many were kept."""
+    new = 0
+    for item, h, i in zip(items, hashes.tolist(), _bucket_split(hashes).tolist()):
+        s = SPLITS[i]
+        if (sizes[s] is None or len(kept[s][0]) < sizes[s]) and h not in seen[s]:
+            seen[s].add(h)
+            kept[s][0].append(item)
+            kept[s][1].append(h)
+            new += 1
+    return new
 
 
 def compute_splits(env, sizes: dict[str, int]) -> Splits:
@@ -95,19 +181,31 @@ def compute_splits(env, sizes: dict[str, int]) -> Splits:
             if not unfilled():
                 break
             seeds = block[lo:lo + CHUNK]
-            hashes = level_hashes(env, {"seed": seeds})
-            for seed, h, i in zip(seeds.tolist(), hashes.tolist(), _bucket_split(hashes).tolist()):
-                s = SPLITS[i]
-                if len(kept[s][0]) < sizes[s] and h not in seen[s]:
-                    seen[s].add(h)
-                    kept[s][0].append(seed)
-                    kept[s][1].append(h)
-                    new += 1
+            new += _assign(seeds.tolist(), level_hashes(env, {"seed": seeds}), kept, seen, sizes)
         draws += DRAW
         if new == 0:  # a whole block of draws without a new level for an unfilled split: too few levels
             return _seed_splits(env, sizes)
     return Splits({s: np.asarray(kept[s][0], np.int32) for s in SPLITS},
                   {s: np.asarray(kept[s][1], np.uint64) for s in SPLITS}, "content")
+
+
+def task_splits(tasks: list[dict], sizes: dict[str, int | None] | None = None) -> TaskSplits:
+    """A Python env's `tasks` (file order) split by the module's rule, all of them, then cut to the first
+    `sizes[split]` of each (None: all; more than a split holds: ValueError)."""
+    hashes = level_hashes(None, tasks)
+    kept = {s: ([], []) for s in SPLITS}
+    distinct = _assign(list(tasks), hashes, kept, {s: set() for s in SPLITS}, dict.fromkeys(SPLITS))
+    splits = TaskSplits({s: kept[s][0] for s in SPLITS}, {s: np.asarray(kept[s][1], np.uint64) for s in SPLITS},
+                        len(tasks) - distinct)
+    return splits.head(sizes or {})
+
+
+def task_suite_name(entry: str, tasks: list[dict], sizes: dict[str, int | None] | None = None) -> str:
+    """`<entry>_<digest>`: the builder config name of `tasks`' splits at `sizes` (this VERSION); `entry`
+    (the env's `module:factory`) only names it, the digest is of the tasks' content in file order."""
+    key = json.dumps([[canonical(t) for t in tasks], [(sizes or {}).get(s) for s in SPLITS], VERSION])
+    stem = re.sub(r"[^0-9a-z]+", "_", entry.lower()).strip("_") or "tasks"
+    return f"{stem}_{hashlib.blake2b(key.encode(), digest_size=6).hexdigest()}"
 
 
 def _seed_splits(env, sizes: dict[str, int]) -> Splits:
@@ -143,48 +241,69 @@ def _tfds():
     return tfds
 
 
+@dataclasses.dataclass(frozen=True)
+class _Spec:
+    """One stored suite: its builder config name and description, the class of its splits (`Splits` or
+    `TaskSplits`: FEATURES, records, from_records) and how to compute them."""
+
+    name: str
+    description: str
+    kind: type
+    compute: Callable[[], Any]
+
+
+def _env_spec(env, sizes: dict[str, int]) -> _Spec:
+    return _Spec(suite_name(env, sizes), f"{env.name} {level_options(env)} sizes {dict(sizes)}", Splits,
+                 lambda: compute_splits(env, sizes))
+
+
+def _task_spec(entry: str, tasks: list[dict], sizes: dict[str, int | None] | None) -> _Spec:
+    return _Spec(task_suite_name(entry, tasks, sizes), f"{entry}: {len(tasks)} tasks, sizes {dict(sizes or {})}",
+                 TaskSplits, lambda: task_splits(tasks, sizes))
+
+
 def _builder_class():
     tfds = _tfds()
 
     class TaskSuite(tfds.core.GeneratorBasedBuilder):
-        """The splits of one (env, level options, sizes): a builder config made per run (`suite_name`)."""
+        """The splits of one suite (`_Spec`): a builder config made per run (`suite_name`, `task_suite_name`)."""
 
         VERSION = tfds.core.Version(VERSION)
-        RELEASE_NOTES: ClassVar = {"2.0.0": "Train/validation/test disjoint by level content; records hold the hash."}
+        RELEASE_NOTES: ClassVar = {"2.0.0": "Train/validation/test disjoint by content (a JAX env's levels or a task "
+                                              "file's tasks); records hold the hash."}
         BUILDER_CONFIGS: ClassVar = []
 
-        def __init__(self, *, env=None, sizes=None, **kwargs):
-            self.env, self.sizes = env, sizes
+        def __init__(self, *, spec: _Spec | None = None, **kwargs):
+            self.spec = spec
             super().__init__(**kwargs)
 
         def _info(self):
-            features = {"seed": np.int32, "index": np.int32, "hash": np.uint64, "by_content": np.bool_}
+            features = {k: tfds.features.Text() if v is str else v for k, v in self.spec.kind.FEATURES.items()}
             return tfds.core.DatasetInfo(builder=self, description=self.builder_config.description,
                                          features=tfds.features.FeaturesDict(features))
 
-        def _split_generators(self, dl_manager):
-            splits = compute_splits(self.env, self.sizes)
-            return {s: self._generate_examples(splits, s) for s in SPLITS}
+        def _split_generators(self, dl_manager):  # TFDS writes no empty split: one is read back empty
+            splits = self.spec.compute()
+            return {s: self._generate_examples(splits, s) for s in SPLITS if len(splits.hashes[s])}
 
         def _generate_examples(self, splits, split):
-            for i, (seed, h) in enumerate(zip(splits.seeds[split].tolist(), splits.hashes[split].tolist())):
-                yield i, {"seed": seed, "index": i, "hash": h, "by_content": splits.by == "content"}
+            for record in splits.records(split):
+                yield record["index"], record
 
     return TaskSuite
 
 
 TaskSuite = None  # the builder class, made on first use (importing TFDS costs seconds)
-_READ: dict[tuple[str, str], Splits] = {}  # (data_dir, suite name) -> splits read in this process
+_READ: dict[tuple[str, str], Any] = {}  # (data_dir, suite name) -> splits read in this process
 
 
-def _builder(env, sizes: dict[str, int], data_dir):
+def _builder(spec: _Spec, data_dir):
     global TaskSuite
     if TaskSuite is None:
         TaskSuite = _builder_class()
     tfds = _tfds()
-    config = tfds.core.BuilderConfig(name=suite_name(env, sizes), version=VERSION,
-                                     description=f"{env.name} {level_options(env)} sizes {dict(sizes)}")
-    return TaskSuite(env=env, sizes=sizes, config=config, data_dir=str(data_dir), file_format="array_record")
+    config = tfds.core.BuilderConfig(name=spec.name, version=VERSION, description=spec.description)
+    return TaskSuite(spec=spec, config=config, data_dir=str(data_dir), file_format="array_record")
 
 
 @contextlib.contextmanager
@@ -202,33 +321,40 @@ def _quiet():
         absl_logging.set_verbosity(level)
 
 
-def _prepare(builder) -> None:
+def _prepare(spec: _Spec, data_dir):
+    """The builder of `spec` under `data_dir`, its suite written (a no-op when stored already)."""
     with _quiet():
-        builder.download_and_prepare()  # a no-op when stored already
+        builder = _builder(spec, data_dir)
+        builder.download_and_prepare()
+    return builder
+
+
+def _read(spec: _Spec, data_dir) -> Any:
+    """`spec`'s splits, built under `data_dir` on first use and read back with `tfds.data_source` (once
+    per process)."""
+    key = (os.path.abspath(data_dir), spec.name)
+    if key not in _READ:
+        builder = _prepare(spec, data_dir)
+        records = {}
+        for split in SPLITS:
+            source = builder.as_data_source(split=split) if split in builder.info.splits else ()
+            records[split] = sorted((source[i] for i in range(len(source))), key=lambda r: int(r["index"]))
+        _READ[key] = spec.kind.from_records(records)
+    return _READ[key]
 
 
 def build_suite(env, sizes: dict[str, int], data_dir: str | os.PathLike) -> str:
     """Write `env`'s splits at `sizes` as array_record under `data_dir` (a no-op if there); their path."""
-    with _quiet():
-        builder = _builder(env, sizes, data_dir)
-    _prepare(builder)
-    return str(builder.data_dir)
+    return str(_prepare(_env_spec(env, sizes), data_dir).data_dir)
 
 
 def read_suite(env, sizes: dict[str, int], data_dir: str | os.PathLike) -> Splits:
-    """`env`'s splits at `sizes`, built under `data_dir` on first use and read back with `tfds.data_source`
-    (once per process)."""
-    key = (os.path.abspath(data_dir), suite_name(env, sizes))
-    if key not in _READ:
-        with _quiet():
-            builder = _builder(env, sizes, data_dir)
-        _prepare(builder)
-        seeds, hashes, by = {}, {}, "content"
-        for split in SPLITS:
-            source = builder.as_data_source(split=split)
-            records = sorted((source[i] for i in range(len(source))), key=lambda r: int(r["index"]))
-            seeds[split] = np.asarray([int(r["seed"]) for r in records], np.int32)
-            hashes[split] = np.asarray([int(r["hash"]) for r in records], np.uint64)
-            by = by if all(bool(r["by_content"]) for r in records) else "seed"
-        _READ[key] = Splits(seeds, hashes, by)
-    return _READ[key]
+    """`env`'s splits at `sizes`, stored under `data_dir` on first use and read back (`_read`)."""
+    return _read(_env_spec(env, sizes), data_dir)
+
+
+def read_task_suite(entry: str, tasks: list[dict], sizes: dict[str, int | None] | None,
+                    data_dir: str | os.PathLike) -> TaskSplits:
+    """`task_splits(tasks, sizes)` of env `entry`, stored under `data_dir` on first use and read back
+    (`_read`); `duplicates` is the caller's to count (records hold the kept tasks only)."""
+    return _read(_task_spec(entry, tasks, sizes), data_dir)

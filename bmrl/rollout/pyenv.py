@@ -1,7 +1,8 @@
 """A Python environment as a run uses it: the factory, the tasks by split, a pool of environment
 objects (one per row), the reply format, and the runner the evaluator calls.
 
-    env = PythonEnv.build("pkg.mod:make", factory, {"train": [...], "test": [...]}, tokenizer, HostConfig())
+    env = PythonEnv.build("pkg.mod:make", factory, {"train": [...], "validation": [...], "test": [...]}, tokenizer,
+                          HostConfig())
     fmt = host_format(env)
     out = env.play(policy, fmt, rollout_cfg, tasks, caps, key)      # a HostRollout: trajectory + faults
 
@@ -65,25 +66,27 @@ class PythonEnv:
     max_obs_len: int = 1
     max_action_len: int = 0
     show_budget: bool = False
+    duplicates: int = 0  # repeated tasks of the task file, dropped from the splits (reported)
     pool: list = dataclasses.field(default_factory=list)
 
     @classmethod
     def build(cls, name: str, factory: Callable[[], Any], tasks: dict[str, list[dict]], tokenizer,
-              hcfg: HostConfig, texts: Sequence[str] | None = None) -> PythonEnv:
+              hcfg: HostConfig, texts: Sequence[str] | None = None, duplicates: int = 0) -> PythonEnv:
         """Read instructions and action strings from one env object, and the longest first observation
         (`texts`, default `reset_texts` over the tasks) in tokens."""
         probe = factory()
-        texts = reset_texts(factory, tasks["train"] + tasks["test"]) if texts is None else texts
+        texts = reset_texts(factory, [t for split in tasks.values() for t in split]) if texts is None else texts
         actions = tuple(str(a) for a in (getattr(probe, "action_strings", None) or ()))
         return cls(
             name=name, factory=factory, tasks=tasks, tokenizer=tokenizer, hcfg=hcfg,
             instructions=str(getattr(probe, "instructions", None) or DEFAULT_INSTRUCTIONS), action_strings=actions,
             max_obs_len=max([len(encode(tokenizer, t)) for t in texts] + [1]),
-            max_action_len=max([len(encode(tokenizer, a)) for a in actions] + [0]), pool=[probe],
+            max_action_len=max([len(encode(tokenizer, a)) for a in actions] + [0]), duplicates=duplicates,
+            pool=[probe],
         )
 
     def split(self, split: str, n: int | None = None) -> list[dict]:
-        """The first `n` (default all) tasks of `split` ("train" or "test")."""
+        """The first `n` (default all) tasks of `split` ("train", "validation" or "test")."""
         if split not in self.tasks:
             raise ValueError(f"Unknown split {split!r}; valid splits are {sorted(self.tasks)}.")
         return self.tasks[split][: len(self.tasks[split]) if n is None else n]

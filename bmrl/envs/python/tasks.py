@@ -1,11 +1,14 @@
 """Task files of Python environments: JSONL, one task (a JSON object, `reset`'s options) a line.
 
     tasks = read_tasks("tasks.jsonl")      # [dict, ...] in file order
-    split = split_tasks(tasks)              # {"train": tasks[0::2], "test": tasks[1::2]}
+    splits = bmrl.data.task_splits(tasks)   # .tasks["train" | "validation" | "test"]: disjoint by content
 
-The split is by line position: lines 0, 2, 4, ... (0-based) train, lines 1, 3, 5, ... test. It is
-deterministic, keeps the file's order, and train and test never share a line; identical tasks in
-both halves are the file's choice, counted by content in reports (`bmrl.build.suite_summary`).
+The split is by content, the JAX envs' rule (`bmrl.data.suites`): a task's split is decided by the
+hash of its canonical JSON (sorted keys, no whitespace), about 1 in 16 tasks test, 1 in 16 validation,
+the rest train; each split keeps the file's order, a repeated task is dropped (and counted), and no
+task is in two splits. So a file needs a few dozen distinct tasks for a test split
+(`bmrl.build.python_splits` refuses one without train or test tasks), and adding tasks at the end
+never moves the earlier ones. `data.train_size` / `val_size` / `test_size`, when set, keep the first n of a split.
 """
 
 from __future__ import annotations
@@ -13,11 +16,9 @@ from __future__ import annotations
 import json
 import os
 
-SPLITS = ("train", "test")
-
 
 class TaskFileError(ValueError):
-    """A task file that cannot be read: missing, not UTF-8, a line that is not a JSON object, too few lines."""
+    """A task file that cannot be read: missing, not UTF-8, a line that is not a JSON object, no task."""
 
 
 def read_tasks(path: str | os.PathLike) -> list[dict]:
@@ -46,15 +47,9 @@ def read_tasks(path: str | os.PathLike) -> list[dict]:
             raise TaskFileError(f"{str(path)!r} line {number} is a JSON {type(task).__name__}, not an object; "
                                 "write each task as {\"key\": value, ...}.")
         tasks.append(task)
-    if len(tasks) < 2:
-        raise TaskFileError(f"{str(path)!r} holds {len(tasks)} task(s); give at least 2 (even lines train, odd "
-                            "lines test).")
+    if not tasks:
+        raise TaskFileError(f"{str(path)!r} holds 0 task(s); write one JSON object (a task) a line.")
     return tasks
 
 
-def split_tasks(tasks: list[dict]) -> dict[str, list[dict]]:
-    """{"train": the tasks at even positions, "test": those at odd positions} (module docstring)."""
-    return {"train": tasks[0::2], "test": tasks[1::2]}
-
-
-__all__ = ["SPLITS", "TaskFileError", "read_tasks", "split_tasks"]
+__all__ = ["TaskFileError", "read_tasks"]
