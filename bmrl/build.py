@@ -19,6 +19,7 @@ from typing import Any
 from bmrl.config import (
     Config,
     ConfigError,
+    check_demos,
     check_fits,
     check_reproduce,
     fitting_cap,
@@ -309,8 +310,9 @@ def build_run(cfg: Config, tokenizer=None) -> Run:
 def build_reproduce_run(cfg: Config) -> Run:
     """`build_run` for `bmrl reproduce`: also checks the reproduce section and every variant's budget
     against the context buffer (each RL stage's), before anything is written."""
-    budgets = check_reproduce(cfg)  # env.kind=python refused: reproduce trains an SFT base on oracle demos
+    budgets = check_reproduce(cfg)
     run = build_run(cfg)
+    check_demos(cfg, run.env)  # the SFT base plays the env's oracle (a Python env must name it)
     for budget in budgets.values():
         check_fits(cfg, run.env, run.fmt, budget)
     return run
@@ -387,9 +389,14 @@ def suite_summary(cfg: Config, run: Run | None = None) -> dict:
 
     n = max(cfg.eval.num_tasks, 1)
     if cfg.env.kind == "python":
-        if run is None:
-            raise ValueError("the tasks of a Python env live in its Run: pass run=build_run(cfg).")
-        train, test = split_tasks(cfg, "train", run=run), split_tasks(cfg, "test", n, run=run)
+        if run is None:  # the task file's lines, without importing the env
+            from bmrl.envs.python.tasks import read_tasks
+            from bmrl.envs.python.tasks import split_tasks as split_task_list
+
+            tasks = split_task_list(read_tasks(cfg.data.tasks))
+            train, test = tasks["train"], tasks["test"][:n]
+        else:
+            train, test = split_tasks(cfg, "train", run=run), split_tasks(cfg, "test", n, run=run)
         overlap = suite_overlap(level_hashes(None, train), level_hashes(None, test))
         return {"train": len(train), "validation": 0, "test": len(test), "overlap": overlap, "disjoint_by": "seed",
                 "path": None}

@@ -49,7 +49,7 @@ from bmrl.rollout.engine import make_episode
 from bmrl.rollout.policies import NoisyOracleData, Replay, ReplayPolicy
 from bmrl.rollout.types import Injection, RolloutConfig, Trajectory, row_keys
 
-__all__ = ["Demos", "demo_tokens_needed", "make_demos", "reply_table"]
+__all__ = ["Demos", "demo_tokens_needed", "longest_reply", "make_demos", "reply_table"]
 
 RECOVERY_STREAM = 0x5EC0  # fold_in tag of a row's key for its "goes on after a mistake" draw
 
@@ -89,6 +89,19 @@ def reply_table(env: Env, fmt: Format) -> tuple[np.ndarray, np.ndarray]:
     for i, r in enumerate(replies):
         table[i, : len(r)] = r
     return table, np.asarray([len(r) for r in replies], np.int32)
+
+
+def longest_reply(env: Any, fmt: Format, max_reply_tokens: int) -> int:
+    """Tokens of the longest demonstrated reply, stop excluded: of a JAX env's actions in `fmt`; of a
+    Python env's action strings, or (free-text actions) the most a reply may hold, max_reply_tokens - 1."""
+    strings = getattr(env, "action_strings", None)
+    if hasattr(env, "actions"):
+        return int(reply_table(env, fmt)[1].max())
+    if strings:
+        from bmrl.envs.text import encode
+
+        return max(len(fmt.reply_tokens(encode(env.tokenizer, a))) for a in strings)
+    return max_reply_tokens - 1
 
 
 def demo_tokens_needed(env: Env, fmt: Format, num_turns: int) -> int:

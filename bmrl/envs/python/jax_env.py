@@ -83,10 +83,17 @@ class JaxAsPython:
         }
 
 
+_BUILT: dict[str, Env] = {}
+
+
 def builtin(name: str = "corridor", **options: Any) -> JaxAsPython:
     """Built-in JAX env `name` with `options` as a Python env (a config entry). Its text goes through
     a character tokenizer: only the rendered text leaves the wrapper, so the run's tokenizer decides
-    the tokens, as on the compiled path."""
+    the tokens, as on the compiled path. Objects of the same (name, options) share one JAX env, so
+    one compiled reset and step serve a whole pool of them."""
     from bmrl.envs import _CharTokenizer, make
 
-    return JaxAsPython(make(name, _CharTokenizer(), **options))
+    memo = repr((name, sorted(options.items())))
+    if memo not in _BUILT:
+        _BUILT[memo] = make(name, _CharTokenizer(), **options)
+    return JaxAsPython(_BUILT[memo])
