@@ -19,6 +19,7 @@ from typing import Any
 from bmrl.config import (
     Config,
     ConfigError,
+    check_demos,
     check_fits,
     check_reproduce,
     fitting_cap,
@@ -201,13 +202,10 @@ def python_parts(cfg: Config) -> tuple[Any, Any, list[str]]:
 SIZE_KEYS = {"train": "train_size", "validation": "val_size", "test": "test_size"}  # split -> its data.* size
 
 
-def python_sizes(cfg: Config) -> dict[str, int | None]:
-    """What a Python env keeps of each split: the first `data.<split>_size` tasks where the config sets
-    that key (to a value other than its default), else None: all of them."""
-    from bmrl.config.schema import DataCfg
-
-    given = lambda key: getattr(cfg.data, key) != getattr(DataCfg(), key)  # noqa: E731
-    return {s: getattr(cfg.data, key) if given(key) else None for s, key in SIZE_KEYS.items()}
+def python_sizes(cfg: Config) -> dict[str, int]:
+    """How many tasks of each split a Python env keeps: at most `data.<split>_size`, the first ones (a
+    task file holds what it holds; the report states the counts)."""
+    return {s: getattr(cfg.data, key) for s, key in SIZE_KEYS.items()}
 
 
 def python_splits(cfg: Config, tasks: list[dict]) -> Any:
@@ -216,7 +214,7 @@ def python_splits(cfg: Config, tasks: list[dict]) -> Any:
     under `data.data_dir` when set (TFDS array_record, built once, read back), else in memory, the same.
 
     Raises ConfigError naming data.tasks when the train or test split would be empty (too few tasks:
-    about 1 in 16 lands in test), or the size key of a split that holds fewer tasks than it asks for.
+    about 1 in 16 lands in test).
     """
     from bmrl.data.suites import read_task_suite, task_splits
 
@@ -229,12 +227,7 @@ def python_splits(cfg: Config, tasks: list[dict]) -> Any:
                           f"split into {held}; a run needs train and test tasks. A task's split is decided by its "
                           "content hash (about 1 in 16 tasks lands in test, 1 in 16 in validation): give more "
                           "distinct tasks (48 give about 3 test tasks).")
-    sizes = python_sizes(cfg)
-    for split, n in sizes.items():
-        if n is not None and n > counts[split]:
-            raise ConfigError(f"data.{SIZE_KEYS[split]}", f"asks for the first {n} {split} tasks, but "
-                              f"{cfg.data.tasks!r} splits into {held}: set it to at most {counts[split]}, add "
-                              "tasks, or remove it to use all of them.")
+    sizes = {split: min(n, counts[split]) for split, n in python_sizes(cfg).items()}
     if cfg.data.data_dir is None:
         return full.head(sizes)
     stored = read_task_suite(cfg.env.entry, tasks, sizes, cfg.data.data_dir)
@@ -354,8 +347,9 @@ def build_run(cfg: Config, tokenizer=None) -> Run:
 def build_reproduce_run(cfg: Config) -> Run:
     """`build_run` for `bmrl reproduce`: also checks the reproduce section and every variant's budget
     against the context buffer (each RL stage's), before anything is written."""
-    budgets = check_reproduce(cfg)  # env.kind=python refused: reproduce trains an SFT base on oracle demos
+    budgets = check_reproduce(cfg)
     run = build_run(cfg)
+    check_demos(cfg, run.env)  # the SFT base plays the env's oracle (a Python env must name it)
     for budget in budgets.values():
         check_fits(cfg, run.env, run.fmt, budget)
     return run
@@ -435,11 +429,20 @@ def suite_summary(cfg: Config, run: Run | None = None) -> dict:
 
     n = max(cfg.eval.num_tasks, 1)
     if cfg.env.kind == "python":
-        train, val, test = (split_tasks(cfg, s, m, run=run) for s, m in (("train", None), ("validation", None),
-                                                                          ("test", n)))
+        if run is None:  # the task file's splits, without importing the env
+            from bmrl.envs.python.tasks import TaskFileError, read_tasks
+
+            try:
+                splits = python_splits(cfg, read_tasks(cfg.data.tasks))
+            except TaskFileError as err:
+                raise ConfigError("data.tasks", str(err)) from None
+            tasks, duplicates = splits.tasks, splits.duplicates
+        else:
+            tasks, duplicates = run.env.tasks, run.env.duplicates
+        train, val, test = tasks["train"], tasks["validation"], tasks["test"][:n]
         overlap = suite_overlap(level_hashes(None, train), level_hashes(None, test))
         return {"train": len(train), "validation": len(val), "test": len(test), "overlap": overlap,
-                "disjoint_by": "content", "duplicates": run.env.duplicates, "path": data_dir(cfg)}
+                "disjoint_by": "content", "duplicates": duplicates, "path": data_dir(cfg)}
     splits = run_splits(cfg, run)
     return {**{s: len(v) for s, v in splits.seeds.items()}, "test": n,
             "overlap": suite_overlap(splits.hashes["train"], splits.hashes["test"][:n]), "disjoint_by": splits.by,

@@ -15,6 +15,11 @@ The report states the study's three findings as measured claims, whichever way t
   3. BudgetMix against fixed-budget RL across T: min over T of Pass@(1,T) and the area under the surface.
 Intervals: a two-level percentile bootstrap (resample training seeds, then tasks within each seed;
 one level with one seed), paired for differences (the same units for both policies).
+
+A Python env (env.kind=python) runs the same stages: its SFT demonstrations play the oracle it names
+(info["next_oracle_action"]), RL and evaluation run on the host loop, and F2's clean and post-error
+states come from its info["oracle_action"]. The probe set and error injection replay a JAX env's
+states, so they are not measured there; the report and summary.json (`not_measured`) say so.
 """
 
 from __future__ import annotations
@@ -296,9 +301,24 @@ def _evaluate_seed(cfg: Config, eval_cfg: Config, seed: int, dirs: dict[str, str
                                 log=stages.note)
     stages.note("writing the per-seed report")
     write_report(eval_cfg.out_dir, results, baseline=BASE, title=f"bmrl reproduce, seed {seed}",
-                 settings={"seed": seed, "env": f"{cfg.env.name} {dict(cfg.env.options)}"})
+                 settings={"seed": seed, "env": f"{env_label(cfg)} {dict(cfg.env.options)}"})
     save_results(results_path, results, to_dict(eval_cfg))
     stages.finish()
+
+
+def env_label(cfg: Config) -> str:
+    """The environment as reports name it: a JAX env's name, a Python env's entry."""
+    return cfg.env.entry if cfg.env.kind == "python" else cfg.env.name
+
+
+def not_measured(cfg: Config) -> list[str]:
+    """What the study could not measure on this env, in sentences (empty for a JAX env)."""
+    if cfg.env.kind != "python":
+        return []
+    return [f"Decision accuracy on a fixed probe set of noisy-oracle states (eval.probe_states, reproduce.probe_noise) "
+            f"and success with an error injected (reproduce.inject_turns) were not measured: both replay a JAX env's "
+            f"states, and `{cfg.env.entry}` is a Python env (env.kind=python). F2 rests on the policies' own clean "
+            "and post-error states (the env's info[\"oracle_action\"])."]
 
 
 def study_data_dir(cfg: Config) -> str:
@@ -404,15 +424,16 @@ def _render(cfg: Config, names: list[str], per_seed: list[dict], seed_results: l
     data_cfg = stage_config(cfg, cfg.seed, out, data={"data_dir": study_data_dir(cfg)})
     suites = suite_summary(data_cfg)  # how the test levels were held out; overlap with training levels
     wall = sum(v for v in stage_times.values() if v is not None)
+    missing = not_measured(cfg)
     report = _report_md(cfg, sentences + ["Measured:"] + details, table_md, figures, seed_reports, wall, len(rep.seeds),
-                        pooled[BASE]["surface"].shape[0], f["F2"]["intervals"], seeds_md, suite_line(suites))
+                        pooled[BASE]["surface"].shape[0], f["F2"]["intervals"], seeds_md, suite_line(suites), missing)
     with open(os.path.join(out, "report.md"), "w") as fh:
         fh.write(report)
     summary = {"findings": f, "sentences": sentences, "details": details, "table": table, "wall_time_s": wall,
                "stage_times_s": stage_times, "seeds": list(rep.seeds), "per_seed": seed_rows,
                "units": int(pooled[BASE]["surface"].shape[0]),
                "figures": {k: os.path.relpath(v, out) for k, v in figures.paths.items()},
-               "colour_scales": figures.scales, "suites": suites}
+               "colour_scales": figures.scales, "suites": suites, "not_measured": missing}
     with open(os.path.join(out, "summary.json"), "w") as fh:
         json.dump(summary, fh, indent=2, default=float)
     return {**summary, "table_md": table_md}
@@ -434,7 +455,7 @@ def base_description(cfg: Config, f2_intervals: dict | None = None) -> str:
 
 
 def _report_md(cfg: Config, sentences, table_md, figures, seed_reports, wall, seeds, units, f2_intervals=None,
-               seeds_md: str = "", suites_md: str = "") -> str:
+               seeds_md: str = "", suites_md: str = "", missing: list[str] | None = None) -> str:
     rep = cfg.reproduce
     variants = ", ".join(f"`{n}`: {b.kind} {b.budgets if b.kind != 'uniform' else [b.lo, b.hi]}"
                          + (f" p={b.probs}" if b.probs else "")
@@ -452,7 +473,7 @@ def _report_md(cfg: Config, sentences, table_md, figures, seed_reports, wall, se
         'Agents?". Each verdict (as_study, opposite or inconclusive) is decided by the written rule stored with it in '
         "summary.json, from the intervals; the sentences are generated from the verdicts.",
         "",
-        f"Environment `{cfg.env.name}` {dict(cfg.env.options)}. Seeds {list(rep.seeds)}; "
+        f"Environment `{env_label(cfg)}` {dict(cfg.env.options)}. Seeds {list(rep.seeds)}; "
         f"each seed: {base_description(cfg, f2_intervals)}, then {cfg.train.steps} RL steps ({cfg.train.advantage}, {cfg.train.tasks_per_step} "
         f"tasks x {cfg.train.group_size} attempts) from that base under each budget: {variants}. Every policy is evaluated on "
         f"the same {cfg.eval.num_tasks} held-out tasks x {cfg.eval.attempts} attempts at T in {list(cfg.eval.ts)} with "
@@ -461,6 +482,7 @@ def _report_md(cfg: Config, sentences, table_md, figures, seed_reports, wall, se
         "",
         *([suites_md, ""] if suites_md else []),
         *process_note,
+        *(["## Not measured", "", *missing, ""] if missing else []),
         "## Findings",
         "",
         *[s + "\n" for s in sentences],

@@ -12,7 +12,7 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 SLOW_FIRST = (
     "test_train.py", "test_mesh_train.py", "test_rollout.py", "test_reproduce_report.py", "test_sft.py",
     "test_checkpoint_resume.py", "test_notebooks.py", "test_faults_train.py", "test_pyenv_config.py",
-    "test_memory.py", "test_eval_harness.py", "test_multihost.py",
+    "test_memory.py", "test_eval_harness.py", "test_multihost.py", "test_reproduce_python.py",
 )
 
 

@@ -161,12 +161,17 @@ CASES: dict[str, tuple[str, str | bytes | None, list[str], str]] = {
     "python workers 0": ("train", PY, ["env.workers=0", *TASKS], "env.workers"),
     "python with a JAX env's name": ("train", PY, ["env.name=toolchain", *TASKS], "env.name"),
     "python tasks too few": ("train", PY, ["data.tasks={fewtasks}"], "5 train, 1 validation, 0 test"),
-    "python suite size too large": ("train", PY, ["data.test_size=2", *TASKS], "data.test_size"),
     "python max_len 20": ("train", PY, ["rollout.max_len=20", *TASKS], "rollout.max_len"),
     "jax with entry": ("train", None, ["env.entry=a:b"], "env.entry"),
     "jax with tasks": ("train", None, TASKS, "data.tasks"),
-    "sft python env": ("sft", PY, TASKS, "env.kind"),
-    "reproduce python env": ("reproduce", PY, TASKS, "env.kind"),
+    # SFT and reproduce play a Python env's oracle: it must name info["next_oracle_action"], and a noisy
+    # oracle (sft.noise > 0) draws its wrong actions from action_strings (the tool env lists none)
+    "sft python env without next oracle": ("sft", PY, ["env.entry=nooracle_env:make", "env.path={envdir}", *TASKS],
+                                           "next_oracle_action"),
+    "reproduce python env without next oracle": ("reproduce", PY, ["env.entry=nooracle_env:make",
+                                                                   "env.path={envdir}", *TASKS], "next_oracle_action"),
+    "sft python noise without action strings": ("sft", PY, TASKS, "sft.noise"),
+    "reproduce python noise without action strings": ("reproduce", PY, TASKS, "sft.noise"),
     "eval python tasks bad line": ("eval", PY, ["data.tasks={badtasks}"], "line 2"),
     # the format section: reply layout and system prompt
     "format kind unknown": ("train", None, ["format.kind=json"], "format.kind"),
@@ -221,6 +226,10 @@ def fixtures(tmp_path_factory) -> pathlib.Path:
     (root / "envdir").mkdir()
     (root / "envdir" / "badsig_env.py").write_text(
         "class E:\n    def reset(self, seed):\n        return '', {}\n\n    def step(self, a):\n        pass\n\n\n"
+        "def make(**options):\n    return E()\n")
+    (root / "envdir" / "nooracle_env.py").write_text(  # the protocol, but no info["next_oracle_action"]
+        "class E:\n    action_strings = ('a', 'b')\n\n    def reset(self, *, seed=None, options=None):\n"
+        "        return 'obs', {}\n\n    def step(self, action):\n        return 'obs', 0.0, False, False, {}\n\n\n"
         "def make(**options):\n    return E()\n")
     return root
 
@@ -294,12 +303,13 @@ def test_refusals_say_key_value_and_fix(tmp_path, fixtures, capsys):
         "duplicate nested key": ["steps", "twice", "keep one"],
         "python tasks bad line": ["data.tasks", "badtasks", "line 2", "one JSON object a line"],
         "python tasks too few": ["data.tasks", "fewtasks", "6 distinct task(s)", "0 test", "give more distinct tasks"],
-        "python suite size too large": ["data.test_size", "first 2 test tasks", "29 train, 2 validation, 1 test",
-                                        "set it to at most 1"],
         "python entry import error": ["env.entry", "no_such_module_xyz", "next to the config file"],
         "think_answer max_reply_tokens 4": ["rollout.max_reply_tokens", "4 cannot hold", "answer tags",
                                             "format.kind=action"],
         "qwen_tools without model.path": ["model.path", "is required", "model.path="],
+        "sft python env without next oracle": ["env.entry", "nooracle_env:make", "info['next_oracle_action']",
+                                               "reset's and step's info"],
+        "sft python noise without action strings": ["sft.noise", "0.25", "action_strings", "sft.noise=0"],
     }
     for name, fragments in expect.items():
         with contextlib.suppress(SystemExit):

@@ -147,17 +147,17 @@ def test_python_suite_stored_equals_in_memory(tmp_path):
     assert again.tasks == stored.tasks
 
 
-def test_python_task_file_too_small_or_sizes_too_large_is_refused(tmp_path):
-    """Three tasks land in no test split: data.tasks says how many went where and what to do; a size
-    beyond its split names its key and the counts."""
+def test_python_task_file_too_small_is_refused_and_sizes_are_upper_bounds(tmp_path):
+    """Three tasks land in no test split: data.tasks says how many went where and what to do. A size
+    beyond its split keeps the whole split (a task file holds what it holds), a smaller one its head."""
     with pytest.raises(ConfigError) as err:
         python_splits(_python_cfg(tmp_path, TASKS[:3]), TASKS[:3])
     counts = task_splits(TASKS[:3]).counts()
     assert err.value.key == "data.tasks" and f"{counts['train']} train, {counts['validation']} validation, 0 test" \
         in str(err.value) and "give more distinct tasks" in str(err.value)
-    with pytest.raises(ConfigError) as err:
-        python_splits(_python_cfg(tmp_path, val_size=50), REPEATED)
-    assert err.value.key == "data.val_size" and "set it to at most" in str(err.value)
+    full = task_splits(REPEATED)
+    assert python_splits(_python_cfg(tmp_path, val_size=50), REPEATED).tasks == full.tasks
+    assert python_splits(_python_cfg(tmp_path, train_size=3), REPEATED).tasks["train"] == full.tasks["train"][:3]
 
 
 def test_python_env_summary_reports_content_split(tmp_path):

@@ -1,7 +1,8 @@
 """`bmrl sft --config FILE key=value ...`: train the SFT base policy (eps-noisy oracle demonstrations).
 
 Writes <out_dir>/policy (a Hugging Face directory with its tokenizer), config.yaml,
-sft_metrics.jsonl and summary.json. --config is required. A bad config (the buffer and model directory
+sft_metrics.jsonl and summary.json. --config is required. A Python env (env.kind=python) must name its
+oracle's next action (info["next_oracle_action"], bmrl/envs/python/protocol.py). A bad config (the buffer and model directory
 included) stops before anything is written, with exit status 2.
 """
 
@@ -23,24 +24,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def _build_jax_run(cfg):
-    """`build_run`, refusing a Python env first: demonstrations come from a JAX env's oracle."""
-    from bmrl.build import build_run
-    from bmrl.config import check_jax_env
-
-    check_jax_env(cfg, "bmrl sft")
-    return build_run(cfg)
-
-
 def run(args: argparse.Namespace) -> int:
     from bmrl.config import ConfigError
 
-    cfg, built = load_run(args, "sft", _build_jax_run)
+    cfg, built = load_run(args, "sft")
     from bmrl.learn.sft import run_sft
 
     try:
         s = run_sft(cfg, run=built)
-    except ConfigError as err:  # e.g. weights that do not load (model.path), found before any write
+    except ConfigError as err:  # e.g. weights that do not load (model.path), a Python env without an oracle to
+        # demonstrate (info["next_oracle_action"]): found before any write
         raise config_exit("sft", err) from None
     print(
         f"sft {s['env']}: success@T={s['eval_T']} greedy {s['success_greedy']:.3f} sampled {s['success_sampled']:.3f} "

@@ -158,7 +158,7 @@ class DataCfg:
     """Tasks split train / validation / test by content (bmrl.data.suites): a JAX env's level seeds, a Python env's data.tasks."""
 
     data_dir: Optional[str] = None  # store the task suites here (TFDS array_record, built once, read back); null = computed in memory (the same splits); reproduce uses <out_dir>/data
-    train_size: int = 4096  # jax: tasks in the training suite; python: when set, the first n of the file's train split (unset: all)
+    train_size: int = 4096  # jax: tasks in the training suite; python: at most this many, the first of the file's train split
     val_size: int = 64  # jax: tasks in the validation suite (training-time evaluation, eval.every), at least eval.num_tasks; python: as train_size
     test_size: int = 256  # jax: tasks in the held-out test suite (final evaluation), at least eval.num_tasks; python: as train_size
     tasks: Optional[str] = None  # python: JSONL file, one task (reset's options) a line, split by content hash (about 1 in 16 test, 1 in 16 validation; repeats dropped); relative = to the config file

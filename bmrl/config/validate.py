@@ -112,17 +112,9 @@ def check_seed(key: str, seed: int) -> None:
         )
 
 
-def check_jax_env(cfg: Config, what: str) -> None:
-    """Refuse env.kind=python for `what`, which needs the oracle of a JAX env (demonstrations, probes)."""
-    if cfg.env.kind != "jax":
-        raise ConfigError("env.kind", f"{what} needs a JAX environment (its oracle makes demonstrations and probes); "
-                          "env.kind=python runs with `bmrl train` and `bmrl eval`.")
-
-
 def check_reproduce(cfg: Config) -> dict:
     """Refuse a `reproduce` section that cannot run (checked by `bmrl reproduce` before any work);
     returns the `Budget` of each variant by name."""
-    check_jax_env(cfg, "bmrl reproduce")
     rep = cfg.reproduce
     if not rep.seeds or len(set(rep.seeds)) != len(rep.seeds):
         raise ConfigError("reproduce.seeds", f"needs one or more distinct seeds, got {rep.seeds}.")
@@ -407,6 +399,32 @@ def _check_fits_python(cfg: Config, env, fmt) -> list[str]:
                           f"longest first observation of the tasks ({env.max_obs_len} tokens) and a reply need "
                           f"{need} tokens; raise rollout.max_len to >= {need}.")
     return []
+
+
+def check_demos(cfg: Config, env) -> None:
+    """Refuse a Python env whose oracle cannot be played before acting (`bmrl sft`, `bmrl reproduce`):
+    reset's info must name `next_oracle_action` (a str) on the first train task, and a noisy oracle
+    (sft.noise > 0) draws its wrong actions from the env's `action_strings`. A JAX env always can."""
+    if cfg.env.kind != "python":
+        return
+    from bmrl.rollout.scripts import NEXT_ORACLE
+
+    entry = cfg.env.entry
+    try:
+        info = env.factory().reset(seed=0, options=env.split("train")[0])[1]
+    except Exception as err:  # noqa: BLE001 - user code
+        raise ConfigError("env.entry", f"{entry}: reset of the first train task failed ({type(err).__name__}: "
+                          f"{err}); fix the environment or the task file.") from None
+    if not isinstance(info, dict) or not isinstance(info.get(NEXT_ORACLE), str):
+        raise ConfigError("env.entry", f"{entry} gives no info[{NEXT_ORACLE!r}] (a str) from reset: SFT "
+                          "demonstrations play the env's oracle before each action, so reset's and step's info must "
+                          f"name {NEXT_ORACLE!r}, the best action in the state the observation describes "
+                          "(bmrl/envs/python/protocol.py); add it, or skip SFT and `bmrl train` from a policy of "
+                          "your own (model.path).")
+    if cfg.sft.noise > 0 and not env.action_strings:
+        raise ConfigError("sft.noise", f"{cfg.sft.noise} needs the env's action_strings (the noisy oracle draws its "
+                          f"wrong actions from them) and {entry} lists none; set sft.noise=0, or give the env a "
+                          "finite action_strings list.")
 
 
 def check_fits(cfg: Config, env, fmt, budget) -> list[str]:

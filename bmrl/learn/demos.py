@@ -49,7 +49,7 @@ from bmrl.rollout.engine import make_episode
 from bmrl.rollout.policies import NoisyOracleData, Replay, ReplayPolicy
 from bmrl.rollout.types import Injection, RolloutConfig, Trajectory, row_keys
 
-__all__ = ["Demos", "demo_tokens_needed", "make_demos", "reply_table"]
+__all__ = ["Demos", "demo_tokens_needed", "longest_reply", "make_demos", "reply_table"]
 
 RECOVERY_STREAM = 0x5EC0  # fold_in tag of a row's key for its "goes on after a mistake" draw
 
@@ -91,6 +91,19 @@ def reply_table(env: Env, fmt: Format) -> tuple[np.ndarray, np.ndarray]:
     return table, np.asarray([len(r) for r in replies], np.int32)
 
 
+def longest_reply(env: Any, fmt: Format, max_reply_tokens: int) -> int:
+    """Tokens of the longest demonstrated reply, stop excluded: of a JAX env's actions in `fmt`; of a
+    Python env's action strings, or (free-text actions) the most a reply may hold, max_reply_tokens - 1."""
+    strings = getattr(env, "action_strings", None)
+    if hasattr(env, "actions"):
+        return int(reply_table(env, fmt)[1].max())
+    if strings:
+        from bmrl.envs.text import encode
+
+        return max(len(fmt.reply_tokens(encode(env.tokenizer, a))) for a in strings)
+    return max_reply_tokens - 1
+
+
 def demo_tokens_needed(env: Env, fmt: Format, num_turns: int) -> int:
     """Worst-case length of a `num_turns`-turn demonstration (every reply the longest one)."""
     return fmt.tokens_needed(num_turns, env.max_obs_len, int(reply_table(env, fmt)[1].max()) + 1)
@@ -109,6 +122,7 @@ def make_demos(
     recovery: float = 0.0,
     caps: Any = None,
     actions: Any = None,
+    max_reply_tokens: int | None = None,
 ) -> Demos:
     """Play `tasks` with the eps-noisy oracle and lay the episodes out in tokens (one jit).
 
@@ -121,13 +135,23 @@ def make_demos(
     recovery: with `cut_after_error`, the probability that a row is NOT cut at its first own mistake
     but goes on (the noisy oracle takes the oracle's repair from the state the mistake left, with
     probability 1 - noise): the fraction of demonstrations that show a recovery.
+
+    `env` may be a Python env (`bmrl.rollout.pyenv.PythonEnv`, `tasks` a list of B task dicts): the
+    host loop plays the noisy oracle on its `info["next_oracle_action"]` (`bmrl.learn.host_demos`,
+    same rules and layout; `max_reply_tokens` ends a demo before a reply a policy could not give).
     """
-    if not 0.0 <= float(noise) <= 1.0:
-        raise ValueError(f"noise must be a probability in [0, 1], got {noise}.")
-    if not 0.0 <= float(recovery) <= 1.0:
-        raise ValueError(f"recovery (fraction of demos that go on after a mistake) must be in [0, 1], got {recovery}.")
-    if num_turns < 1:
-        raise ValueError(f"num_turns must be >= 1, got {num_turns}.")
+    from bmrl.rollout.pyenv import PythonEnv
+
+    _check_demo_args(noise, recovery, num_turns)
+    if isinstance(env, PythonEnv):
+        from bmrl.learn.host_demos import make_host_demos
+
+        if actions is not None:
+            raise ValueError("replayed actions need a JAX env (their ids index its actions); a Python env's demos "
+                             "are played by its noisy oracle.")
+        return make_host_demos(env, fmt, tasks, key, num_turns=num_turns, max_len=max_len, noise=noise,
+                               cut_after_error=cut_after_error, recovery=recovery, caps=caps,
+                               max_reply_tokens=max_reply_tokens)
     first = demo_tokens_needed(env, fmt, 1)
     if max_len < first:
         raise ValueError(
@@ -150,6 +174,15 @@ def make_demos(
     return fn(tasks, key, caps, jnp.float32(noise), actions, jnp.float32(recovery))
 
 
+def _check_demo_args(noise: float, recovery: float, num_turns: int) -> None:
+    if not 0.0 <= float(noise) <= 1.0:
+        raise ValueError(f"noise must be a probability in [0, 1], got {noise}.")
+    if not 0.0 <= float(recovery) <= 1.0:
+        raise ValueError(f"recovery (fraction of demos that go on after a mistake) must be in [0, 1], got {recovery}.")
+    if num_turns < 1:
+        raise ValueError(f"num_turns must be >= 1, got {num_turns}.")
+
+
 def _demo_fn(env: Env, fmt: Format, num_turns: int, max_len: int, cut_after_error: bool, replay: bool):
     """The jitted `(tasks, key, caps, noise, actions) -> Demos` for one static shape: the episode engine
     plays the noisy oracle (or the replay), then the episodes are laid out in tokens."""
@@ -163,20 +196,29 @@ def _demo_fn(env: Env, fmt: Format, num_turns: int, max_len: int, cut_after_erro
         caps = jnp.clip(caps, 1, num_turns)
         params = Replay(actions, jnp.full((batch,), num_turns, jnp.int32), keys) if replay else noise
         traj = episode(params, tasks, caps, keys, Injection.none(num_turns))
-        goes_on = jax.vmap(lambda k: jax.random.bernoulli(jax.random.fold_in(k, RECOVERY_STREAM), recovery))(keys)
+        goes_on = goes_on_after_error(keys, recovery)
         cut_rows = jnp.logical_and(cut_after_error, ~goes_on)  # bool[B]
-        return _layout(env, fmt, _demo_turns(traj, cut_rows), caps, max_len)
+        rec = _demo_turns(traj, cut_rows)
+        table, lens = (jnp.asarray(x) for x in reply_table(env, fmt))  # [A, reply width], [A]
+        act = jnp.clip(rec["action"], 0, env.num_actions - 1)
+        return _layout(fmt, {**rec, "reply": table[act], "reply_len": lens[act]}, caps, max_len)
 
     return compiles.counted_jit(run, name="demos")
 
 
-def _demo_turns(traj: Trajectory, cut_rows: jax.Array) -> dict:
-    """Per-turn records of the played episodes; rows with `cut_rows` (bool[B]) end at the
-    demonstrator's first own wrong action (that action included)."""
+def goes_on_after_error(keys: jax.Array, recovery) -> jax.Array:
+    """bool[B]: the rows (row keys [B]) whose demo goes on after the first mistake (RECOVERY_STREAM draw)."""
+    return jax.vmap(lambda k: jax.random.bernoulli(jax.random.fold_in(k, RECOVERY_STREAM), recovery))(keys)
+
+
+def _demo_turns(traj: Trajectory, cut_rows: jax.Array, wrong: jax.Array | None = None) -> dict:
+    """Per-turn records of the played episodes (`traj.observations` recorded); rows with `cut_rows`
+    (bool[B]) end at the demonstrator's first own wrong action (that action included). `wrong`
+    (bool[B, Tm]): the demonstrator's deviations, default action != oracle_action."""
     played = traj.turn_active
     turn = jnp.arange(played.shape[1])[None, :]
     success = played & (turn + 1 == traj.first_success_turn[:, None])
-    wrong = played & (traj.action != traj.oracle_action)
+    wrong = played & ((traj.action != traj.oracle_action) if wrong is None else wrong)
     wrong_before = jnp.cumsum(wrong, axis=1) - wrong
     active = played & ~(cut_rows[:, None] & (wrong_before > 0))
     obs_tokens, obs_len = traj.observations
@@ -188,18 +230,18 @@ def _demo_turns(traj: Trajectory, cut_rows: jax.Array) -> dict:
     )
 
 
-def _layout(env: Env, fmt: Format, rec: dict, caps: jax.Array, max_len: int) -> Demos:
+def _layout(fmt: Format, rec: dict, caps: jax.Array, max_len: int) -> Demos:
     """Scatter the played turns into [B, max_len] token rows (one scatter per array).
 
     Turn t contributes the segments (reply_close if t > 0), obs_open, OBS_t, obs_close, ACT_t, STOP,
-    each of a known length; offsets are a cumulative sum, so no Python loop over tokens.
+    each of a known length; offsets are a cumulative sum, so no Python loop over tokens. ACT_t is
+    `rec["reply"][b, t]` (int32[B, Tm, W], its first `rec["reply_len"][b, t]` tokens).
     """
     batch, tm = rec["action"].shape
     L, pad = max_len, fmt.pad_id
     stop = int(fmt.stop_ids[0])
-    table, lens = (jnp.asarray(x) for x in reply_table(env, fmt))  # [A, reply width], [A]
     frags = [np.asarray(f, np.int32) for f in (fmt.reply_close, fmt.obs_open, fmt.obs_close, np.asarray([stop]))]
-    width = max([env.max_obs_len, table.shape[1]] + [len(f) for f in frags] + [1])
+    width = max([rec["obs_tokens"].shape[-1], rec["reply"].shape[-1]] + [len(f) for f in frags] + [1])
 
     def fixed(frag):  # a host fragment as a [B, Tm, width] segment
         row = np.full((width,), pad, np.int32)
@@ -209,17 +251,16 @@ def _layout(env: Env, fmt: Format, rec: dict, caps: jax.Array, max_len: int) -> 
     def padw(x):
         return jnp.pad(x, ((0, 0), (0, 0), (0, width - x.shape[-1])), constant_values=pad)
 
-    act = jnp.clip(rec["action"], 0, env.num_actions - 1)
     t_idx = jnp.arange(tm)[None, :]
     (rc, n_rc), (oo, n_oo), (oc, n_oc), (st, _) = (fixed(f) for f in frags)
-    seg_tokens = jnp.stack([rc, oo, padw(rec["obs_tokens"]), oc, padw(table[act]), st], axis=2)  # [B,Tm,6,W]
+    seg_tokens = jnp.stack([rc, oo, padw(rec["obs_tokens"]), oc, padw(rec["reply"]), st], axis=2)  # [B,Tm,6,W]
     seg_len = jnp.stack(
         [
             jnp.where(t_idx > 0, n_rc, 0) * jnp.ones((batch, tm), jnp.int32),
             jnp.full((batch, tm), n_oo, jnp.int32),
             rec["obs_len"].astype(jnp.int32),
             jnp.full((batch, tm), n_oc, jnp.int32),
-            lens[act],
+            rec["reply_len"].astype(jnp.int32),
             jnp.ones((batch, tm), jnp.int32),
         ],
         axis=2,

@@ -6,8 +6,13 @@ Each step draws `sft.batch_size` fresh demonstrations (`bmrl.learn.demos.make_de
 demonstrator's first wrong action, except a fraction `sft.recovery` that go on and show the repair) of train-split levels and takes one optimizer step of token
 cross-entropy on the reply tokens (action tokens + stop). Everything is a function of `cfg.seed` and
 the step: step s uses levels s*B .. s*B+B-1 of a seed-shuffled train pool and demo key
-fold_in(key, s). The trained policy is evaluated with the compiled rollout, greedy and sampled, on
+fold_in(key, s). The trained policy is evaluated by the one evaluator, greedy and sampled, on
 held-out test-split levels at the largest turn cap, then saved as a Hugging Face directory.
+
+A Python env (env.kind=python) runs the same way: its demonstrations are the noisy oracle played from
+the host on its `info["next_oracle_action"]` (`bmrl.learn.host_demos`; `check_demos` refuses an env
+without it), the tasks are its task file's train lines, and a demonstration is at most
+`rollout.max_len` tokens (later observations are known only as the env runs).
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ import optax
 from flax import nnx
 
 from bmrl.config import Config, to_yaml
-from bmrl.learn.demos import Demos, demo_tokens_needed, make_demos, reply_table
+from bmrl.learn.demos import Demos, demo_tokens_needed, longest_reply, make_demos
 from bmrl.learn.logprobs import token_logprobs
 from bmrl.learn.optim import make_optimizer
 
@@ -132,6 +137,11 @@ def evaluate_policy(
     return out
 
 
+def _count(tasks) -> int:
+    """Tasks in a JAX env's {"seed": int[n]} or a Python env's list of dicts."""
+    return len(tasks["seed"]) if isinstance(tasks, dict) else len(tasks)
+
+
 def run_sft(cfg: Config, *, log: Callable[[str], Any] = print, return_model: bool = False, run=None) -> dict | tuple[dict, Any]:
     """Train the SFT base policy of `cfg`; write it and its summary under `cfg.out_dir`; return the summary
     (and the trained `Decoder` with `return_model=True`, for callers that go on in-process).
@@ -139,6 +149,7 @@ def run_sft(cfg: Config, *, log: Callable[[str], Any] = print, return_model: boo
     Every config problem is raised (as `ConfigError`) before anything is written.
     """
     from bmrl.build import build_run, build_tokenizer, fitting_cap, load_policy, new_policy, split_tasks
+    from bmrl.config import check_demos
     from bmrl.model.decoder import num_params
     from bmrl.model.hf import save_pretrained
 
@@ -151,8 +162,10 @@ def run_sft(cfg: Config, *, log: Callable[[str], Any] = print, return_model: boo
         model = new_policy(cfg, tokenizer)
     run = build_run(cfg, tokenizer) if run is None else run  # `bmrl sft` passes the bundle it checked
     env, fmt = run.env, run.fmt
+    python = cfg.env.kind == "python"
+    check_demos(cfg, env)  # a Python env must name its oracle's next action
     cap = fitting_cap(cfg, env, fmt, run.budget.max_cap)  # the largest training cap that fits
-    demo_len = min(cfg.rollout.max_len, demo_tokens_needed(env, fmt, s.demo_turns))
+    demo_len = cfg.rollout.max_len if python else min(cfg.rollout.max_len, demo_tokens_needed(env, fmt, s.demo_turns))
     o = s.optim
     tx = make_optimizer(
         lr=o.lr, warmup_steps=o.warmup_steps, total_steps=max(s.steps, o.warmup_steps + 1), weight_decay=o.weight_decay,
@@ -164,22 +177,26 @@ def run_sft(cfg: Config, *, log: Callable[[str], Any] = print, return_model: boo
     (out / "config.yaml").write_text(to_yaml(cfg))
     metrics_path = out / "sft_metrics.jsonl"
 
-    train = split_tasks(cfg, "train")
-    test = split_tasks(cfg, "test", cfg.eval.num_tasks)
+    train = split_tasks(cfg, "train", run=run if python else None)
+    test = split_tasks(cfg, "test", cfg.eval.num_tasks, run=run if python else None)
+    if not python:
+        train, test = train["seed"], {"seed": test["seed"]}
     key = jax.random.key(cfg.seed)
-    order = np.asarray(jax.random.permutation(jax.random.fold_in(key, 0), len(train["seed"])))
+    order = np.asarray(jax.random.permutation(jax.random.fold_in(key, 0), len(train)))
+    env_label = cfg.env.entry if python else f"{env.name} {env.options}"
     eval_key = jax.random.fold_in(key, 2)
     log(
-        f"sft: {env.name} {env.options} | {num_params(model):,} params | {s.steps} steps x {s.batch_size} demos "
-        f"(noise {s.noise}, recovery {s.recovery}, <= {s.demo_turns} turns, {demo_len} tokens) | eval T={cap} on {len(test['seed'])} test levels"
+        f"sft: {env_label} | {num_params(model):,} params | {s.steps} steps x {s.batch_size} demos "
+        f"(noise {s.noise}, recovery {s.recovery}, <= {s.demo_turns} turns, {demo_len} tokens) | eval T={cap} on "
+        f"{_count(test)} test levels"
     )
     t_eval = time.time()
-    before = evaluate_policy(model, env, fmt, cfg, {"seed": test["seed"]}, cap, eval_key, ("greedy",))["greedy"]
+    before = evaluate_policy(model, env, fmt, cfg, test, cap, eval_key, ("greedy",))["greedy"]
 
     log(f"sft: initial policy greedy success {before['success']:.3f} ({time.time() - t_eval:.1f}s)")
     graphdef, params = nnx.split(model)
     opt_state = jax.tree.map(jnp.copy, tx.init(params))  # distinct buffers: the step donates them
-    max_targets = s.demo_turns * (int(reply_table(env, fmt)[1].max()) + 1)  # reply tokens + stop, per turn
+    max_targets = s.demo_turns * (longest_reply(env, fmt, cfg.rollout.max_reply_tokens) + 1)  # reply + stop, per turn
     step_fn = make_sft_step(graphdef, tx, max_targets)
 
     def demos_at(step: int) -> Demos:
@@ -188,9 +205,10 @@ def run_sft(cfg: Config, *, log: Callable[[str], Any] = print, return_model: boo
         caps = None
         if cfg.env.show_budget:  # show the budgets RL will: drawn from the run's budget sampler
             caps = jnp.minimum(run.budget.sample(jax.random.fold_in(k, 7), s.batch_size), s.demo_turns)
+        tasks = [train[int(i)] for i in idx] if python else {"seed": jnp.asarray(train[idx])}
         return make_demos(
-            env, fmt, {"seed": jnp.asarray(train["seed"][idx])}, k, num_turns=s.demo_turns,
-            max_len=demo_len, noise=s.noise, recovery=s.recovery, caps=caps,
+            env, fmt, tasks, k, num_turns=s.demo_turns, max_len=demo_len, noise=s.noise, recovery=s.recovery,
+            caps=caps, max_reply_tokens=cfg.rollout.max_reply_tokens,
         )
 
     t_train = time.time()
@@ -219,18 +237,18 @@ def run_sft(cfg: Config, *, log: Callable[[str], Any] = print, return_model: boo
     train_time = time.time() - t_train
     model = nnx.merge(graphdef, params)
 
-    result = evaluate_policy(model, env, fmt, cfg, {"seed": test["seed"]}, cap, eval_key)
+    result = evaluate_policy(model, env, fmt, cfg, test, cap, eval_key)
     policy_dir = out / "policy"
     save_pretrained(model, tokenizer, policy_dir)
     summary = {
         "env": env.name,
-        "env_options": dict(env.options),
+        "env_options": dict(cfg.env.options if python else env.options),
         "num_params": int(num_params(model)),
         "steps": s.steps,
         "batch_size": s.batch_size,
         "noise": s.noise,
         "eval_T": cap,
-        "eval_tasks": int(len(test["seed"])),
+        "eval_tasks": _count(test),
         "eval_temperature": cfg.eval.temperature,
         "success_greedy": result["greedy"]["success"],
         "success_sampled": result["sampled"]["success"],

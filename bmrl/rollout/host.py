@@ -14,6 +14,12 @@ Per turn, for a batch of rows each with its own environment object (`bmrl.envs.p
 
 One compile per batch shape and observation width. The result is the engine's `Trajectory`, so the
 learner and the evaluator consume it unchanged; `HostRollout.faults` lists what user code broke.
+
+Scripted (`script=`, `bmrl.rollout.scripts`): a script picks each turn's action text from the envs'
+infos instead of decoding. With a model, its replies (`Format.reply_tokens` of the text's tokens, then
+the stop id) are teacher-forced into the cache (`ModelPolicy.force_reply`): the trajectory is the one
+decoding those tokens would have made. With `policy=None` no model runs (no tokens; the observations
+shown are kept in `HostRollout.observations`): SFT demonstrations lay them out (`bmrl.learn.host_demos`).
 Keys follow the engine: row keys `row_keys(key, B)`, the model samples from the TOKEN stream, and the
 environment of row b gets `reset(seed=key_seed(fold_in(row_key_b, ENV_STREAM)))`.
 """
@@ -74,10 +80,12 @@ class HostConfig:
 
 @dataclasses.dataclass
 class HostRollout:
-    """A host rollout: the Trajectory and the faults of user code (row, turn, kind, message)."""
+    """A host rollout: the Trajectory, the faults of user code (row, turn, kind, message) and the
+    observation tokens each row was shown (`observations[b][t]`: before turn t)."""
 
     trajectory: Trajectory
     faults: list[Fault]
+    observations: list[list[list[int]]] = dataclasses.field(default_factory=list)
 
 
 class _Width:
@@ -104,6 +112,14 @@ def _programs(policy: ModelPolicy) -> dict[str, Callable]:
             answer, answer_len, ok = jax.vmap(fmt.extract_answer)(reply, reply_len)
             return s, answer, answer_len, ok
 
+        def force(params, s, reply, reply_len, t, active):
+            bound = policy.bind(params)
+            reply_start = s.n_tok
+            s = bound.force_reply(s, reply, reply_len, t, active)
+            reply, reply_len = bound.reply(s, reply_start)
+            answer, answer_len, ok = jax.vmap(fmt.extract_answer)(reply, reply_len)
+            return s, answer, answer_len, ok
+
         def observe(params, s, obs_tokens, obs_len, t, nxt):
             bound = policy.bind(params)
             return bound.observe(s, _Width(obs_tokens.shape[1]), Observation(obs_tokens, obs_len), t, nxt)
@@ -114,6 +130,7 @@ def _programs(policy: ModelPolicy) -> dict[str, Callable]:
         return {
             "start": compiles.counted_jit(start, name="host_start"),
             "act": compiles.counted_jit(act, name="host_act", donate_argnums=(1,)),
+            "force": compiles.counted_jit(force, name="host_force", donate_argnums=(1,)),
             "observe": compiles.counted_jit(observe, name="host_observe", donate_argnums=(1,)),
             "outputs": compiles.counted_jit(outputs, name="host_outputs"),
         }
@@ -144,7 +161,7 @@ def _pad_obs(token_lists: Sequence[list[int]], widths: list[int], pad: int) -> t
 
 
 def host_rollout(
-    policy: nnx.Module,
+    policy: nnx.Module | None,
     envs: Sequence[Any],
     tokenizer,
     caps: Any,
@@ -153,22 +170,23 @@ def host_rollout(
     fmt: Format,
     tasks: Sequence[dict | None] | None = None,
     hcfg: HostConfig = HostConfig(),
+    script: Any = None,
 ) -> HostRollout:
     """Play one batch of Python environments (one object per row) with a model, per-row turn caps.
 
     tasks: row b's task is passed to `envs[b].reset(seed=..., options=tasks[b])`. caps: int[B] in
-    [1, max_turns]. key: one PRNG key or one per row (as `bmrl.rollout.rollout`).
+    [1, max_turns]. key: one PRNG key or one per row (as `bmrl.rollout.rollout`). script: play its
+    action texts instead of decoding (module docstring); `policy` may then be None (no tokens).
     """
     caps = np.asarray(caps)
     check_caps(caps, cfg)
     batch, Tm, pad = caps.shape[0], cfg.max_turns, fmt.pad_id
     if len(envs) != batch or (tasks is not None and len(tasks) != batch):
         raise RolloutError(f"host_rollout needs one environment (and task) per row: {batch} caps, {len(envs)} envs.")
+    if policy is None and script is None:
+        raise RolloutError("host_rollout needs a policy (a model), a script, or both (teacher forcing).")
     tasks = list(tasks) if tasks is not None else [None] * batch
-    graphdef, params = nnx.split(policy)
-    prog = _programs(ModelPolicy(graphdef, fmt, cfg))
-    widths = _widths(hcfg, cfg, fmt.turn_chunk_len(0))
-    first_widths = _widths(hcfg, cfg, fmt.first_chunk_len(0))
+    model = _Model(policy, fmt, cfg, hcfg) if policy is not None else None
     keys = row_keys(key, batch)
     seeds = [key_seed(k) for k in stream(keys, ENV_STREAM)]
     stepper = Stepper(min(hcfg.workers, batch), hcfg.step_timeout_s)
@@ -176,43 +194,111 @@ def host_rollout(
     try:
         first = stepper.run({b: (lambda b=b: envs[b].reset(seed=seeds[b], options=tasks[b])) for b in range(batch)},
                             -1, is_reset=True)
+        infos = [first[b].info for b in range(batch)]
         obs_toks = [encode(tokenizer, first[b].obs) for b in range(batch)]
         for b in range(batch):
-            rec.reset(b, first[b])
-        too_long = np.array([len(x) > first_widths[-1] for x in obs_toks])  # cannot play: overflow, no turn
-        rec.overflow |= too_long
-        rec.active &= ~too_long
-        tok, lens = _pad_obs(obs_toks, first_widths, pad)
-        state = prog["start"](params, jnp.asarray(tok), jnp.asarray(lens), keys)
+            rec.reset(b, first[b], obs_toks[b])
+        if model is not None:
+            model.start(obs_toks, keys, rec)
         for t in range(Tm):
             active = rec.active.copy()
+            if script is not None:
+                chosen = script.act(t, [int(b) for b in np.flatnonzero(active)], infos)
+                active &= np.array([chosen.get(b) is not None for b in range(batch)])
+                rec.active = active
             if not active.any():
                 break
-            state, answer, answer_len, ok = prog["act"](params, state, jnp.int32(t), jnp.asarray(active))
-            answer, answer_len, ok = jax.device_get((answer, answer_len, ok))
-            rows = np.flatnonzero(active)
-            texts = {int(b): tokenizer.decode([int(x) for x in answer[b, : answer_len[b]]]) if ok[b] else "" for b in rows}
+            if model is None:
+                texts, ok = {b: chosen[b] for b in np.flatnonzero(active).tolist()}, np.ones((batch,), bool)
+            elif script is None:
+                texts, ok = model.act(t, active, tokenizer)
+            else:
+                texts, ok = model.force(t, active, chosen, tokenizer)
             results = stepper.run({b: (lambda b=b, a=a: envs[b].step(a)) for b, a in texts.items()}, t)
             nxt = np.zeros((batch,), bool)
             obs_toks = [[] for _ in range(batch)]
             for b, text in texts.items():
+                infos[b] = results[b].info
                 nxt[b] = rec.turn(b, t, results[b], envs[b], text, bool(ok[b]), cfg.format_reward, hcfg)
                 if nxt[b]:
                     obs_toks[b] = encode(tokenizer, results[b].obs)
-            too_long = np.array([len(x) > widths[-1] for x in obs_toks])
-            rec.overflow |= nxt & too_long
-            nxt &= ~too_long
-            tok, lens = _pad_obs(obs_toks, widths, pad)
-            state, fits = prog["observe"](params, state, jnp.asarray(tok), jnp.asarray(lens), jnp.int32(t), jnp.asarray(nxt))
-            fits = np.asarray(fits)
-            rec.overflow |= nxt & ~fits
-            rec.active = nxt & fits
-        out = prog["outputs"](params, state)
+                    rec.observations[b].append(obs_toks[b])
+            rec.active = model.observe(t, nxt, obs_toks, rec) if model is not None else nxt
+        out = model.outputs() if model is not None else _no_tokens(batch)
     finally:
         stepper.close()
     for f in rec.faults:
         log.warning("env fault in row %d (task %r), turn %d: %s: %s", f.row, tasks[f.row], f.turn, f.kind, f.message)
-    return HostRollout(rec.trajectory(out, caps), rec.faults)
+    return HostRollout(rec.trajectory(out, caps), rec.faults, rec.observations)
+
+
+class _Model:
+    """A model's side of the host loop: the jitted programs, its state and the static widths."""
+
+    def __init__(self, policy: nnx.Module, fmt: Format, cfg: RolloutConfig, hcfg: HostConfig):
+        graphdef, self.params = nnx.split(policy)
+        self.prog = _programs(ModelPolicy(graphdef, fmt, cfg))
+        self.fmt, self.cfg = fmt, cfg
+        self.widths = _widths(hcfg, cfg, fmt.turn_chunk_len(0))
+        self.first_widths = _widths(hcfg, cfg, fmt.first_chunk_len(0))
+        self.state = None
+
+    def start(self, obs_toks: list[list[int]], keys: jax.Array, rec: "_Records") -> None:
+        too_long = np.array([len(x) > self.first_widths[-1] for x in obs_toks])  # cannot play: overflow, no turn
+        rec.overflow |= too_long
+        rec.active &= ~too_long
+        tok, lens = _pad_obs(obs_toks, self.first_widths, self.fmt.pad_id)
+        self.state = self.prog["start"](self.params, jnp.asarray(tok), jnp.asarray(lens), keys)
+
+    def _answers(self, out, active: np.ndarray, tokenizer) -> tuple[dict[int, str], np.ndarray]:
+        self.state, answer, answer_len, ok = out
+        answer, answer_len, ok = jax.device_get((answer, answer_len, ok))
+        texts = {int(b): tokenizer.decode([int(x) for x in answer[b, : answer_len[b]]]) if ok[b] else ""
+                 for b in np.flatnonzero(active)}
+        return texts, ok
+
+    def act(self, t: int, active: np.ndarray, tokenizer) -> tuple[dict[int, str], np.ndarray]:
+        """Decode every active row's reply; its answer as text (empty when the reply breaks the format)."""
+        return self._answers(self.prog["act"](self.params, self.state, jnp.int32(t), jnp.asarray(active)),
+                             active, tokenizer)
+
+    def force(self, t: int, active: np.ndarray, chosen: dict, tokenizer) -> tuple[dict[int, str], np.ndarray]:
+        """Teacher-force the reply of each active row's chosen text; its answer as the model path reads it."""
+        R = self.cfg.max_reply_tokens
+        replies = {b: self.fmt.reply_tokens(encode(tokenizer, chosen[b])) for b in np.flatnonzero(active).tolist()}
+        longest = max(len(r) for r in replies.values())
+        if longest + 1 > R:
+            raise RolloutError(f"a forced reply of {longest} tokens and its stop token exceed "
+                               f"max_reply_tokens={R}; raise RolloutConfig.max_reply_tokens.")
+        reply = np.full((len(active), R), self.fmt.pad_id, np.int32)
+        lens = np.zeros((len(active),), np.int32)
+        for b, r in replies.items():
+            reply[b, : len(r)], lens[b] = r, len(r)
+        out = self.prog["force"](self.params, self.state, jnp.asarray(reply), jnp.asarray(lens), jnp.int32(t),
+                                 jnp.asarray(active))
+        return self._answers(out, active, tokenizer)
+
+    def observe(self, t: int, nxt: np.ndarray, obs_toks: list[list[int]], rec: "_Records") -> np.ndarray:
+        """Prefill the next observations of the rows going on; returns the rows that still fit."""
+        too_long = np.array([len(x) > self.widths[-1] for x in obs_toks])
+        rec.overflow |= nxt & too_long
+        nxt = nxt & ~too_long
+        tok, lens = _pad_obs(obs_toks, self.widths, self.fmt.pad_id)
+        self.state, fits = self.prog["observe"](self.params, self.state, jnp.asarray(tok), jnp.asarray(lens),
+                                                jnp.int32(t), jnp.asarray(nxt))
+        fits = np.asarray(fits)
+        rec.overflow |= nxt & ~fits
+        return nxt & fits
+
+    def outputs(self) -> dict:
+        return self.prog["outputs"](self.params, self.state)
+
+
+def _no_tokens(batch: int) -> dict[str, jax.Array]:
+    """The token fields of a trajectory played without a model: empty."""
+    return dict(tokens=jnp.zeros((batch, 0), jnp.int32), length=jnp.zeros((batch,), jnp.int32),
+                loss_mask=jnp.zeros((batch, 0), jnp.float32), logprobs=jnp.zeros((batch, 0), jnp.float32),
+                turn_of_token=jnp.zeros((batch, 0), jnp.int32))
 
 
 class _Records:
@@ -231,9 +317,11 @@ class _Records:
         self.success, self.terminated, self.env_truncated, self.overflow = (np.zeros((batch,), bool) for _ in range(4))
         self.active = np.ones((batch,), bool)
         self.faults: list[Fault] = []
+        self.observations: list[list[list[int]]] = [[] for _ in range(batch)]
 
-    def reset(self, b: int, r: StepResult) -> None:
+    def reset(self, b: int, r: StepResult, obs_tokens: list[int]) -> None:
         self.progress[b, 0] = _progress(r.info, 0.0)
+        self.observations[b].append(obs_tokens)
         if r.fault is not None:  # no first observation: the row cannot play
             self.faults.append(r.fault)
             self.active[b] = False

@@ -36,7 +36,7 @@ from bmrl.envs.base import Env
 from bmrl.formats import Format
 from bmrl.rollout.tokens import assemble, fixed, parse_replies, write
 from bmrl.rollout.types import SCRIPT_STREAM, TOKEN_STREAM, RolloutConfig, stream
-from bmrl.sampling import sample
+from bmrl.sampling import policy_logprobs, sample
 
 # ---- scripted action functions: (key, env, state) -> action id ----------------------------------
 
@@ -51,13 +51,19 @@ def random_policy(key: jax.Array, env: Env, state) -> jnp.ndarray:
     return jax.random.randint(key, (), 0, env.num_actions, dtype=jnp.int32)
 
 
-def noisy_oracle_policy(key: jax.Array, env: Env, state, eps: float = 0.1) -> jnp.ndarray:
-    """The oracle's action, except with probability `eps` a uniformly random different action."""
+def noisy_pick(key: jax.Array, best, num_actions: int, eps) -> jnp.ndarray:
+    """`best`, except with probability `eps` a uniformly random other action id in [0, num_actions):
+    the eps-noisy oracle's draw, shared by JAX envs (`noisy_oracle_policy`) and Python envs
+    (`bmrl.rollout.host.NoisyOracleScript`), so the same key makes the same choice on both paths."""
     k_flip, k_pick = jax.random.split(key)
-    best = env.oracle_action(state)
-    other = jax.random.randint(k_pick, (), 0, env.num_actions - 1, dtype=jnp.int32)
+    other = jax.random.randint(k_pick, (), 0, num_actions - 1, dtype=jnp.int32)
     wrong = other + (other >= best)  # skips `best`: uniform over the other num_actions - 1 actions
     return jnp.where(jax.random.bernoulli(k_flip, eps), wrong, best).astype(jnp.int32)
+
+
+def noisy_oracle_policy(key: jax.Array, env: Env, state, eps: float = 0.1) -> jnp.ndarray:
+    """The oracle's action, except with probability `eps` a uniformly random different action."""
+    return noisy_pick(key, env.oracle_action(state), env.num_actions, eps)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -263,6 +269,35 @@ class _BoundModel:
 
         s, _, _ = jax.lax.while_loop(cond, body, (s, decoding, jnp.int32(0)))
         return s
+
+    def force_reply(self, s: ModelState, reply: jax.Array, reply_len: jax.Array, t, forcing: jax.Array) -> ModelState:
+        """Teacher forcing: write the given reply (`reply: int32[B, W]`, its first `reply_len[b]`
+        tokens, stop excluded) and the first stop id into the buffer of each forcing row, as
+        `decode_reply` would have had the model sampled them: the same buffer, loss mask (1 on the
+        reply and its stop), turn ids and cache (the reply in it, the stop not yet); logprobs are the
+        sampling distribution's log-probs of the forced tokens. Needs reply_len + 1 <= max_reply_tokens."""
+        batch, W = reply.shape
+        n = jnp.where(forcing, reply_len, 0).astype(jnp.int32)
+        stop = jnp.full((batch, 1), self.stop_ids[0], jnp.int32)
+        full = jnp.concatenate([reply.astype(jnp.int32), stop], axis=1)  # [B, W + 1]
+        full = jnp.where(jnp.arange(W + 1)[None, :] == n[:, None], self.stop_ids[0], full)  # stop after the reply
+        lg, cache = jax.lax.cond(
+            jnp.any(n > 0), lambda c: self.model.extend(reply, n, s.cache_len, c),
+            lambda c: (jnp.zeros((batch, W, s.next_logits.shape[-1]), s.next_logits.dtype), c), s.cache,
+        )
+        logits = jnp.concatenate([s.next_logits[:, None, :], lg], axis=1)  # [B, W + 1, V]: before each token
+        logp = policy_logprobs(logits, self.cfg.sampling)
+        lp = jnp.take_along_axis(logp, full[..., None], axis=-1)[..., 0]
+        count = jnp.where(forcing, n + 1, 0)
+        last = jnp.take_along_axis(logits, n[:, None, None], axis=1)[:, 0]
+        return s.replace(
+            tokens=write(s.tokens, s.n_tok, full, count),
+            loss_mask=write(s.loss_mask, s.n_tok, jnp.ones_like(lp), count),
+            logprobs=write(s.logprobs, s.n_tok, lp, count),
+            turn_of_token=write(s.turn_of_token, s.n_tok, jnp.broadcast_to(t, full.shape), count),
+            n_tok=s.n_tok + count, cache=cache, cache_len=s.cache_len + n,
+            next_logits=jnp.where(forcing[:, None], last, s.next_logits),
+        )
 
     def reply(self, s: ModelState, reply_start: jax.Array) -> tuple[jax.Array, jax.Array]:
         """The reply written since `reply_start`, without its stop token -> (tokens [B, R] padded, length [B])."""

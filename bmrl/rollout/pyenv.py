@@ -102,10 +102,12 @@ class PythonEnv:
             if f.kind in ("timeout", "busy"):  # its call may still run: never hand the object out again
                 self.pool[f.row] = self.factory()
 
-    def play(self, policy, fmt: Format, cfg: RolloutConfig, tasks: Sequence[dict], caps: Any, key: Any) -> HostRollout:
-        """One batch: row b plays `tasks[b]` with cap `caps[b]` (`bmrl.rollout.host.host_rollout`)."""
+    def play(self, policy, fmt: Format, cfg: RolloutConfig, tasks: Sequence[dict], caps: Any, key: Any,
+             script: Any = None) -> HostRollout:
+        """One batch: row b plays `tasks[b]` with cap `caps[b]` (`bmrl.rollout.host.host_rollout`; with
+        `script`, its actions: teacher-forced into `policy`, or played without a model when it is None)."""
         out = host_rollout(policy, self.envs(len(tasks)), self.tokenizer, np.asarray(caps), key, cfg, fmt,
-                           tasks=list(tasks), hcfg=self.hcfg)
+                           tasks=list(tasks), hcfg=self.hcfg, script=script)
         self._renew(out.faults)
         return out
 

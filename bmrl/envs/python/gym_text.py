@@ -6,7 +6,8 @@
 
 Actions are Gymnasium's action names (FrozenLake: left, down, right, up; Taxi-v4: south, north, east,
 west, pickup, dropoff; CliffWalking: up, right, down, left). FrozenLake is rendered as bmrl's own
-FrozenLake renders its map (P, F, H, G) and has an oracle (shortest path, exact when nothing slips);
+FrozenLake renders its map (P, F, H, G) and has an oracle (shortest path, exact when nothing slips;
+`info["oracle_action"]` and `info["next_oracle_action"]`);
 the others are shown with Gymnasium's text rendering. An unknown action leaves the state unchanged and
 says which actions exist. `options["desc"]` (FrozenLake) sets the map of that episode.
 """
@@ -106,13 +107,18 @@ class GymText:
             self.env = self._make(desc)
         self.state, _ = self.env.reset(seed=None if seed is None else int(seed) % (1 << 63))
         self.state = int(self.state)
-        return self._text(first=True), {"progress": 0.0}
+        return self._text(first=True), self._next({"progress": 0.0})
+
+    def _next(self, info: dict) -> dict:
+        """`info` with the oracle's action in the current state, where there is an oracle (FrozenLake)."""
+        nxt = self.oracle()
+        return info if nxt is None else {**info, "next_oracle_action": nxt}
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
         oracle = self.oracle()
         if action not in self.action_strings:
             msg = f"Invalid action. Valid actions are: {', '.join(self.action_strings)}.\n"
-            return msg, 0.0, False, False, {"error": True, "invalid": True, "oracle_action": oracle}
+            return msg, 0.0, False, False, self._next({"error": True, "invalid": True, "oracle_action": oracle})
         before = self.state
         obs, reward, terminated, truncated, _ = self.env.step(self.action_strings.index(action))
         self.state = int(obs)
@@ -120,4 +126,4 @@ class GymText:
         success = bool(terminated) and (float(reward) > 0 or goal_ends)
         error = self.state == before or float(reward) <= -10 or (bool(terminated) and not success)
         info = {"success": success, "error": error, "invalid": False, "oracle_action": oracle}
-        return self._text(first=False), float(reward), bool(terminated), bool(truncated), info
+        return self._text(first=False), float(reward), bool(terminated), bool(truncated), self._next(info)

@@ -7,8 +7,11 @@ An environment is any object with
 
 Optional `info` keys bmrl reads: `success` (bool), `error` (bool: the step failed and the agent is
 told), `invalid` (bool: the action was not understood), `oracle_action` (str: the best action in the
-state before the step), `progress` (float in [0, 1]). An optional `action_strings` attribute (a finite
-action list) lets the rollout record action ids.
+state before the step), `next_oracle_action` (str, in reset's info and step's: the best action in the
+state the returned observation describes; `bmrl sft` and `bmrl reproduce` need it, to play the noisy
+oracle's demonstrations before acting), `progress` (float in [0, 1]). An optional `action_strings`
+attribute (a finite action list) lets the rollout record action ids, and the noisy oracle draw its
+wrong actions (an env without it demonstrates with noise 0 only).
 
 User code runs in a thread pool (`Stepper`): an exception, a timeout or a malformed return in one row
 becomes a "tool error: ..." observation for that row (a `Fault`), and the rest of the batch goes on.

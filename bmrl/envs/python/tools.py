@@ -9,7 +9,8 @@
 
 Tasks are generated from the reset seed (or `options["seed"]`): the table's prices and the question.
 A wrong answer is an error the agent is told about (it may try again); a malformed action or a tool
-error says what to fix. `info["oracle_action"]` is the next step of the shortest solution.
+error says what to fix. `info["oracle_action"]` is the step of the shortest solution from the state
+before the step, `info["next_oracle_action"]` the one from the state after it (and after reset).
 """
 
 from __future__ import annotations
@@ -50,7 +51,8 @@ class ToolUse:
         self.computed = False
         items = " and ".join(f"{q} {n}" for q, n in self.order)
         return (f"Task: {items}. What is the total price? Tools: lookup <item>, calc <expression>, "
-                f"answer <number>. Items: {', '.join(sorted(self.table))}.\n"), {"progress": 0.0}
+                f"answer <number>. Items: {', '.join(sorted(self.table))}.\n"), {"progress": 0.0,
+                                                                                  "next_oracle_action": self.oracle()}
 
     def oracle(self) -> str:
         """The next step of the shortest solution from here."""
@@ -94,6 +96,6 @@ class ToolUse:
                 obs, error = f"answer {arg}: wrong, try again.\n", True
         else:
             obs, error = f"tool error: unknown action {str(action)[:40]!r}; {USAGE}.\n", True
-        info = {"success": done, "error": error, "oracle_action": oracle,
+        info = {"success": done, "error": error, "oracle_action": oracle, "next_oracle_action": self.oracle(),
                 "progress": 1.0 if done else self._progress()}
         return obs, reward, done, False, info
