@@ -10,7 +10,8 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 # The slowest files first (measured on 2 cores), so that with whole files per worker no long file
 # starts last and leaves the other workers idle (longest-first scheduling); the rest keep their order.
 SLOW_FIRST = (
-    "test_train.py", "test_mesh_train.py", "test_rollout.py", "test_reproduce_report.py", "test_sft.py",
+    "test_training_works.py", "test_mesh_train.py", "test_train.py", "test_rollout.py", "test_reproduce_report.py",
+    "test_sft.py",
     "test_checkpoint_resume.py", "test_notebooks.py", "test_faults_train.py", "test_pyenv_config.py",
     "test_memory.py", "test_eval_harness.py", "test_multihost.py", "test_reproduce_python.py",
 )
