@@ -8,7 +8,9 @@ stepped in a thread pool). Both after a warm-up call (compiles excluded), best o
 
 - python_over_compiled at batch 64 x 8 turns and 256 x 16 turns: env turns/s ratio (target >= 0.5);
 - latency_hidden at batch 256 x 16: turns/s with a simulated 20 ms tool latency per step over the
-  same run without latency (target >= 0.8; the steps of a turn run concurrently);
+  same run without latency (target >= 0.8; the steps of a turn run concurrently, and the batch plays
+  as two halves in two threads so one half's device step overlaps the other's tools,
+  `HostConfig.pipeline`); `_unpipelined`: the same ratio with the batch played as one;
 - host compiles: programs traced by the host path in the whole run (one per batch and width).
 
     python bench/host_rollout.py [--quick] [--repeats 2]
@@ -85,7 +87,7 @@ def _best(fn, repeats: int) -> tuple[float, object]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="one repeat, smaller second case (64 x 8 and 128 x 16)")
+    ap.add_argument("--quick", action="store_true", help="one repeat (about a minute on 2 idle cores; the same sizes as the full run)")
     ap.add_argument("--repeats", type=int, default=None)
     args = ap.parse_args()
     repeats = args.repeats or (1 if args.quick else 2)
@@ -101,9 +103,9 @@ def main() -> None:
         tasks, caps = {"seed": jnp.arange(batch, dtype=jnp.int32)}, jnp.full((batch,), turns, jnp.int32)
         return lambda: rollout(policy, env, tasks, caps, jax.random.key(0), cfg)
 
-    def host(batch: int, turns: int, latency_s: float = 0.0):
+    def host(batch: int, turns: int, latency_s: float = 0.0, pipeline: bool = True):
         tasks, caps = [{"seed": b} for b in range(batch)], np.full((batch,), turns, np.int32)
-        hcfg = HostConfig(workers=batch, step_timeout_s=60.0)
+        hcfg = HostConfig(workers=batch, step_timeout_s=60.0, pipeline=pipeline)
 
         def go():
             envs = [PyCorridor(latency_s=latency_s) for _ in range(batch)]
@@ -112,7 +114,7 @@ def main() -> None:
         return go
 
     out: dict = {"bench": "host_rollout", "device": jax.devices()[0].platform}
-    cases = [(64, 8), (128 if args.quick else 256, 16)]
+    cases = [(64, 8), (256, 16)]
     for batch, turns in cases:
         row = {}
         for name, fn in (("compiled", compiled(batch, turns)), ("python", host(batch, turns))):
@@ -128,6 +130,12 @@ def main() -> None:
     print(f"python    batch={batch} turns={turns} latency=20ms seconds={t1:.3f} (without: {t0:.3f})", flush=True)
     out[f"latency_hidden_{batch}x{turns}"] = round((float(np.asarray(tr1.turns_used).sum()) / t1)
                                                    / (float(np.asarray(tr0.turns_used).sum()) / t0), 3)
+    # The same pair with the batch played as one (HostConfig.pipeline=False): what the two halves buy.
+    u0, _ = _best(host(batch, turns, pipeline=False), repeats)
+    u1, _ = _best(host(batch, turns, latency_s=0.02, pipeline=False), repeats)
+    print(f"python    batch={batch} turns={turns} unpipelined latency=20ms seconds={u1:.3f} (without: {u0:.3f})",
+          flush=True)
+    out[f"latency_hidden_{batch}x{turns}_unpipelined"] = round(u0 / u1, 3)
     out["host_compiles"] = {k: v for k, v in compiles.counts().items() if k.startswith("host_")}
     print(json.dumps(out))
 

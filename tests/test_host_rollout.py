@@ -153,3 +153,28 @@ def test_tool_env_from_an_entry_point_runs(setup):
     text = env.tokenizer.decode(np.asarray(t.tokens[0, : int(t.length[0])]).tolist())
     assert "Task:" in text and "tool error: unknown action" in text
     assert (np.asarray(t.loss_mask).sum(1) > 0).all()
+
+
+class RaiseInSecondHalf(RaiseOnThird):
+    """Row 6 (in the second half of a pipelined batch of 8) raises on its third step."""
+
+    def step(self, action):
+        if self.row == 6 and self._t == 2:
+            self._t += 1
+            raise ZeroDivisionError("boom")
+        return JaxAsPython.step(self, action)
+
+
+def test_pipelined_halves_equal_one_batch(setup, clean):
+    """Two halves in two threads (the default) give bitwise the trajectory of one batch played in one
+    thread, and a fault in the second half keeps its row in the whole batch."""
+    one = _host(setup, hcfg=HostConfig(pipeline=False))
+    a, b = _rows(clean.trajectory, slice(None)), _rows(one.trajectory, slice(None))
+    for f in a:
+        np.testing.assert_array_equal(a[f], b[f], err_msg=f)
+    got, ref = _host(setup, wrap=RaiseInSecondHalf), _host(setup, wrap=RaiseInSecondHalf, hcfg=HostConfig(pipeline=False))
+    assert [(f.row, f.turn, f.kind) for f in got.faults] == [(f.row, f.turn, f.kind) for f in ref.faults] == [
+        (6, 2, "exception")]
+    a, b = _rows(got.trajectory, slice(None)), _rows(ref.trajectory, slice(None))
+    for f in a:
+        np.testing.assert_array_equal(a[f], b[f], err_msg=f)

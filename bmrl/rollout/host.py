@@ -12,7 +12,10 @@ Per turn, for a batch of rows each with its own environment object (`bmrl.envs.p
              and one jitted program prefills them at each row's offset (`ModelPolicy.observe`)
     active = ~done & (turn < caps) & fits       (caps are data: host arrays, never shapes)
 
-One compile per batch shape and observation width. The result is the engine's `Trajectory`, so the
+A model's even batch plays as two halves in two host threads (`HostConfig.pipeline`): while one
+half's environments step, the other half's device work runs; the halves share one compile and give
+bitwise the trajectory of the whole batch played at once. One compile per batch shape and
+observation width. The result is the engine's `Trajectory`, so the
 learner and the evaluator consume it unchanged; `HostRollout.faults` lists what user code broke.
 
 Scripted (`script=`, `bmrl.rollout.scripts`): a script picks each turn's action text from the envs'
@@ -64,12 +67,16 @@ class HostConfig:
     obs_widths: static observation widths (tokens); an observation is padded to the smallest that
       holds the longest one of its turn (plus `max_len`, the last resort): one compile per width used.
     on_fault: "observe" (the row sees "tool error: ..." and goes on) or "end" (the row stops there).
+    pipeline: a model's batch (even, >= 2 rows) plays as two halves in two host threads, so one half's
+      device step runs while the other half's environments step (results identical: rows are
+      independent and keep their own keys).
     """
 
     step_timeout_s: float = 30.0
     workers: int = 32
     obs_widths: tuple[int, ...] = (32, 128, 512)
     on_fault: str = "observe"
+    pipeline: bool = True
 
     def __post_init__(self) -> None:
         if self.on_fault not in ON_FAULT:
@@ -177,17 +184,48 @@ def host_rollout(
     tasks: row b's task is passed to `envs[b].reset(seed=..., options=tasks[b])`. caps: int[B] in
     [1, max_turns]. key: one PRNG key or one per row (as `bmrl.rollout.rollout`). script: play its
     action texts instead of decoding (module docstring); `policy` may then be None (no tokens).
+    With `hcfg.pipeline`, a model's even batch plays as two halves overlapped in two threads.
     """
     caps = np.asarray(caps)
     check_caps(caps, cfg)
-    batch, Tm, pad = caps.shape[0], cfg.max_turns, fmt.pad_id
-    if len(envs) != batch or (tasks is not None and len(tasks) != batch):
+    batch = caps.shape[0]
+    tasks = list(tasks) if tasks is not None else [None] * batch
+    if len(envs) != batch or len(tasks) != batch:
         raise RolloutError(f"host_rollout needs one environment (and task) per row: {batch} caps, {len(envs)} envs.")
     if policy is None and script is None:
         raise RolloutError("host_rollout needs a policy (a model), a script, or both (teacher forcing).")
-    tasks = list(tasks) if tasks is not None else [None] * batch
-    model = _Model(policy, fmt, cfg, hcfg) if policy is not None else None
     keys = row_keys(key, batch)
+    if hcfg.pipeline and policy is not None and script is None and batch >= 2 and batch % 2 == 0:
+        out = _pipelined(policy, envs, tokenizer, caps, keys, cfg, fmt, tasks, hcfg)
+    else:
+        out = _play(policy, envs, tokenizer, caps, keys, cfg, fmt, tasks, hcfg, script)
+    for f in out.faults:
+        log.warning("env fault in row %d (task %r), turn %d: %s: %s", f.row, tasks[f.row], f.turn, f.kind, f.message)
+    return out
+
+
+def _pipelined(policy, envs, tokenizer, caps, keys, cfg, fmt, tasks, hcfg) -> HostRollout:
+    """Two halves of the batch, each played by `_play` in its own thread: while one half waits for its
+    environments (host threads, a tool's latency), the other half's jitted decode or prefill runs
+    (JAX releases the GIL on device work). Halves have the same shape (one compile) and are joined
+    in row order; faults keep their rows in the whole batch."""
+    import concurrent.futures as cf
+
+    half = caps.shape[0] // 2
+    parts = [slice(0, half), slice(half, 2 * half)]
+    with cf.ThreadPoolExecutor(max_workers=2, thread_name_prefix="bmrl-half") as pool:
+        futures = [pool.submit(_play, policy, envs[p], tokenizer, caps[p], keys[p], cfg, fmt, tasks[p], hcfg, None)
+                   for p in parts]
+        a, b = (f.result() for f in futures)
+    faults = a.faults + [dataclasses.replace(f, row=f.row + half) for f in b.faults]
+    trajectory = jax.tree.map(lambda x, y: jnp.concatenate([x, y]), a.trajectory, b.trajectory)
+    return HostRollout(trajectory, faults, a.observations + b.observations)
+
+
+def _play(policy, envs, tokenizer, caps, keys, cfg, fmt, tasks, hcfg, script) -> HostRollout:
+    """The host loop over one batch (module docstring); `keys`: one per row."""
+    batch, Tm = caps.shape[0], cfg.max_turns
+    model = _Model(policy, fmt, cfg, hcfg) if policy is not None else None
     seeds = [key_seed(k) for k in stream(keys, ENV_STREAM)]
     stepper = Stepper(min(hcfg.workers, batch), hcfg.step_timeout_s)
     rec = _Records(batch, Tm, caps)
@@ -227,8 +265,6 @@ def host_rollout(
         out = model.outputs() if model is not None else _no_tokens(batch)
     finally:
         stepper.close()
-    for f in rec.faults:
-        log.warning("env fault in row %d (task %r), turn %d: %s: %s", f.row, tasks[f.row], f.turn, f.kind, f.message)
     return HostRollout(rec.trajectory(out, caps), rec.faults, rec.observations)
 
 
