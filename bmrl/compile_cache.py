@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import os
 import platform
+import warnings
 
 ENV_DIR = "BMRL_COMPILE_CACHE"
 ENV_MAX_GB = "BMRL_COMPILE_CACHE_MAX_GB"
@@ -74,8 +75,10 @@ def enable(path: str | None = None) -> str | None:
 
     `path` (else `$BMRL_COMPILE_CACHE`, else the default) is the cache root; entries live in its
     `host_tag()` subdirectory. A `jax_compilation_cache_dir` set before this call (config or
-    `JAX_COMPILATION_CACHE_DIR`) wins when neither `path` nor the variable is given. Call it before
-    the first compile; calling it again with the same directory is a no-op.
+    `JAX_COMPILATION_CACHE_DIR`) wins when neither `path` nor the variable is given. A directory
+    named by `path` or the variable that cannot be written raises CompileCacheError; the default one
+    (a read-only home) only warns, and the run goes on without the cache. Call it before the first
+    compile; calling it again with the same directory is a no-op.
     """
     import jax
 
@@ -88,12 +91,16 @@ def enable(path: str | None = None) -> str | None:
     directory = os.path.join(os.path.abspath(os.path.expanduser(raw or default_dir())), host_tag())
     try:
         os.makedirs(directory, exist_ok=True)
+        problem = None if os.access(directory, os.W_OK) else "is not writable"
     except OSError as err:
-        raise CompileCacheError(f"the compilation cache directory {directory!r} cannot be created ({err.strerror}); "
-                                f"set {ENV_DIR} to a writable directory, or {ENV_DIR}=off.") from None
-    if not os.access(directory, os.W_OK):
-        raise CompileCacheError(f"the compilation cache directory {directory!r} is not writable; set {ENV_DIR} to "
-                                f"a writable directory, or {ENV_DIR}=off.")
+        problem = f"cannot be created ({err.strerror})"
+    if problem is not None:
+        message = (f"the compilation cache directory {directory!r} {problem}; set {ENV_DIR} to a writable "
+                   f"directory, or {ENV_DIR}=off.")
+        if raw is not None:  # asked for by name: an error
+            raise CompileCacheError(message)
+        warnings.warn(message + " Running without the cache.", stacklevel=2)  # the default: go on without it
+        return None
     max_bytes = _max_bytes()
     if jax.config.jax_compilation_cache_dir == directory:
         return directory

@@ -93,3 +93,16 @@ def test_an_unwritable_directory_is_refused_by_the_cli_with_exit_2(tmp_path):
     assert proc.returncode == 2
     assert "cannot be created" in proc.stderr and "BMRL_COMPILE_CACHE" in proc.stderr
     assert sorted(os.listdir(tmp_path)) == ["file"]  # nothing written
+
+
+def test_an_unwritable_default_only_warns(tmp_path):
+    """A read-only home must not stop a run: the default directory failing warns and runs uncached."""
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("BMRL_COMPILE_CACHE", "JAX_COMPILATION_CACHE"))}
+    env.update(XDG_CACHE_HOME=str(blocker), JAX_PLATFORMS="cpu", PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    code = "import warnings; warnings.simplefilter('error')\nfrom bmrl.compile_cache import enable\ntry:\n    enable()\n" \
+           "except UserWarning as w:\n    print('WARNED', w)"
+    proc = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "WARNED" in proc.stdout and "cannot be created" in proc.stdout and "without the cache" in proc.stdout
