@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
+
 from orbax.checkpoint._src.handlers import json_checkpoint_handler
 
 from bmrl.checkpoint import (
@@ -24,6 +25,7 @@ from bmrl.checkpoint import (
     key_data,
     probe_writable,
 )
+from tests.rollout_helpers import EIGHT_CPU_DEVICES
 
 
 def _state(seed: int, rows: int = 64):
@@ -224,7 +226,7 @@ def test_fingerprints_ignore_sharding_across_a_mesh_change(tmp_path):
         ck.close()
         print("PRINTS_OK")
         """)
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
+    env = dict(os.environ, XLA_FLAGS=EIGHT_CPU_DEVICES, JAX_PLATFORMS="cpu")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     out = subprocess.run([sys.executable, "-c", script], env=env, cwd=root, capture_output=True, text=True, timeout=600)
     assert "PRINTS_OK" in out.stdout, out.stdout[-2000:] + out.stderr[-4000:]

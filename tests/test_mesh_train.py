@@ -20,6 +20,8 @@ import sys
 import numpy as np
 import pytest
 
+from tests.rollout_helpers import EIGHT_CPU_DEVICES
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = 4
 TINY = dict(
@@ -96,7 +98,7 @@ def meshes_main(root: str) -> None:
 @pytest.mark.multidevice
 @pytest.mark.slow
 def test_every_mesh_trains_like_one_device(tmp_path):
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu",
+    env = dict(os.environ, XLA_FLAGS=EIGHT_CPU_DEVICES, JAX_PLATFORMS="cpu",
                PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), str(tmp_path / "meshes")], env=env, cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

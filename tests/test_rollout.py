@@ -15,7 +15,7 @@ from bmrl.envs import ENVS, make
 from bmrl.rollout import Injection, RolloutConfig, RolloutError, default_format, rollout
 from bmrl.rollout.baseline import python_loop_rollout
 from bmrl.sampling import SamplingConfig
-from tests.rollout_helpers import steered_policy
+from tests.rollout_helpers import EIGHT_CPU_DEVICES, steered_policy
 
 ENV_OPTIONS = {
     "corridor": dict(length=4, eps=0.3),
@@ -199,7 +199,7 @@ def test_sharded_rollout_matches_single_device(tmp_path):
         from bmrl.parallel import MeshConfig, make_mesh, shard_batch, shard_model
         from bmrl.rollout import RolloutConfig, default_format, rollout
         from bmrl.sampling import SamplingConfig
-        from tests.rollout_helpers import steered_policy
+        from tests.rollout_helpers import EIGHT_CPU_DEVICES, steered_policy
         assert jax.device_count() == 8, jax.devices()
         tok = shared_tokenizer()
         env = make("corridor", tok, length=4, eps=0.3)
@@ -220,7 +220,7 @@ def test_sharded_rollout_matches_single_device(tmp_path):
         print("SHARDED_OK")
         """
     )
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
+    env = dict(os.environ, XLA_FLAGS=EIGHT_CPU_DEVICES, JAX_PLATFORMS="cpu")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     out = subprocess.run([sys.executable, "-c", script], env=env, cwd=root, capture_output=True, text=True, timeout=600)
     assert "SHARDED_OK" in out.stdout, out.stdout[-2000:] + out.stderr[-4000:]
