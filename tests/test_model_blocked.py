@@ -55,6 +55,26 @@ def test_attend_cache_equals_masked_softmax(block_size):
     np.testing.assert_array_equal(empty, 0.0)
 
 
+def test_cache_rows_read_and_write_the_named_rows_only(model):
+    """`extend(cache_rows=)`: a batch of 2 over a 4-row cache (rows 3 and 1, as a compacted rollout
+    runs) gives the logits of those rows' caches taken out and extended alone, writes only its rows,
+    and leaves the others bit for bit."""
+    graphdef, state = nnx.split(model)
+    run = jax.jit(lambda s, t, n, o, c, r: nnx.merge(graphdef, s).extend(t, n, o, c, block_size=8, cache_rows=r))
+    plain = jax.jit(lambda s, t, n, o, c: nnx.merge(graphdef, s).extend(t, n, o, c, block_size=8))
+    cache = model.init_cache(4, 32)
+    _, cache = plain(state, _tokens((4, 12)), jnp.asarray([12, 7, 3, 10]), jnp.zeros(4, jnp.int32), cache)
+    rows = jnp.asarray([3, 1], jnp.int32)
+    chunk, n, offsets = _tokens((2, 3), seed=1), jnp.asarray([3, 2]), jnp.asarray([10, 7])
+    got, new = run(state, chunk, n, offsets, cache, rows)
+    want, want_cache = plain(state, chunk, n, offsets, jax.tree.map(lambda x: x[rows], cache))
+    np.testing.assert_allclose(got, want, atol=TOL, rtol=0)
+    for mine, ref, old in zip(jax.tree_util.tree_leaves(new), jax.tree_util.tree_leaves(want_cache),
+                              jax.tree_util.tree_leaves(cache)):
+        np.testing.assert_array_equal(mine[rows], ref)
+        np.testing.assert_array_equal(mine[jnp.asarray([0, 2])], old[jnp.asarray([0, 2])])
+
+
 def test_blocked_extend_equals_full_and_each_sequence_alone(model):
     """Ragged prefill chunks, ragged per-row offsets, then decode: block sizes 4 and 5 (the latter
     not dividing max_len) give the logits and cache of whole-buffer attention and of each row alone."""

@@ -1,6 +1,8 @@
 """The compiled multi-turn rollout: equality with the Python loop, caps, compiles, keys, overflow."""
 
+import math
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -245,10 +247,55 @@ def test_error_injection_forces_wrong_actions(tiny_tokenizer):
     assert not none.injected.any()
 
 
+def test_compaction_buckets_step_down_by_a_fraction_of_the_batch():
+    """Multiples of batch / compact_steps (rounded up to compact_min_rows), then halving, never below
+    compact_min_rows; compaction off is one size; a step count below 1 is refused with the fix."""
+    def sizes(batch, min_rows, steps=8):
+        return RolloutConfig(4, 2, 8, compact_min_rows=min_rows, compact_steps=steps).buckets(batch)
+
+    assert sizes(64, 8) == (64, 56, 48, 40, 32, 24, 16, 8)
+    assert sizes(256, 8) == (256, 224, 192, 160, 128, 96, 64, 32, 16, 8)
+    assert sizes(64, 8, steps=2) == (64, 32, 16, 8)  # halving
+    assert sizes(10, 3) == (10, 9, 6, 3) and sizes(12, 8) == (12, 8) and sizes(64, 0) == (64,)
+    for batch, min_rows, steps in [(64, 8, 8), (256, 8, 8), (10, 3, 8), (100, 7, 3)]:
+        got = sizes(batch, min_rows, steps)
+        assert all(a > b >= min_rows for a, b in zip(got, got[1:])) and got[0] == batch
+    with pytest.raises(RolloutError, match="compact_steps must be >= 1"):
+        RolloutConfig(4, 2, 8, compact_min_rows=8, compact_steps=0)
+
+
+def test_rollout_program_never_copies_the_kv_cache(tiny_tokenizer):
+    """The compiled rollout (compaction on: a whole-batch stage and a compacted one) holds no
+    instruction that copies or transposes a cache-sized array: per-turn prefill, decode and the
+    compaction step all update the cache in place (XLA copied it whole, twice a turn, when the
+    prefill ran under `lax.cond`)."""
+    import dataclasses
+
+    from flax import nnx
+
+    from bmrl.rollout.engine import make_rollout
+    from tests.test_model_blocked import _cache_sized_copies
+
+    env = _env("corridor", tiny_tokenizer)
+    fmt = default_format(env)
+    policy = steered_policy(env, fmt, seed=2, scale=3.0)
+    cfg = dataclasses.replace(_cfg(max_turns=4, max_len=256), compact_min_rows=2)
+    graphdef, params = nnx.split(policy)
+    run = make_rollout(graphdef, env, fmt, cfg)
+    batch = 4
+    args = (params, {"seed": jnp.arange(batch, dtype=jnp.int32)}, jnp.full((batch,), 4, jnp.int32),
+            jax.random.key(0), Injection.none(cfg.max_turns))
+    hlo = run.lower(*args).compile().as_text()
+    cache = policy.init_cache(batch, cfg.max_len)[0][0]
+    assert cache.size in [math.prod(int(d) for d in dims.split(",")) for dims in re.findall(r"f32\[([\d,]+)\]", hlo)]
+    assert _cache_sized_copies(hlo, cache.size) == []
+
+
 @pytest.mark.parametrize("name", ["corridor"])  # one env: each bucket size is a compile (~35 s per env)
 def test_compaction_changes_nothing_but_the_work(name, tiny_tokenizer):
-    """Finished rows leave the batch (16 -> 8 -> 4 -> 2 rows) and every row's trajectory, sampled at
-    temperature 1 with its own key, is the one it has in the full batch: same tokens, same order."""
+    """Finished rows leave the batch (16 -> 12 -> 8 -> 4 rows, the KV cache staying in place) and every
+    row's trajectory, sampled at temperature 1 with its own key, is the one it has in the full batch:
+    same tokens, same order."""
     import dataclasses
 
     env = _env(name, tiny_tokenizer)
@@ -258,8 +305,8 @@ def test_compaction_changes_nothing_but_the_work(name, tiny_tokenizer):
     tasks = {"seed": jnp.arange(16, dtype=jnp.int32) * 7}
     key = jax.random.key(11)
     full = rollout(policy, env, tasks, caps, key, cfg)
-    compact = rollout(policy, env, tasks, caps, key, dataclasses.replace(cfg, compact_min_rows=2))
-    assert cfg.buckets(16) == (16,) and dataclasses.replace(cfg, compact_min_rows=2).buckets(16) == (16, 8, 4, 2)
+    compact = rollout(policy, env, tasks, caps, key, dataclasses.replace(cfg, compact_min_rows=4))
+    assert cfg.buckets(16) == (16,) and dataclasses.replace(cfg, compact_min_rows=4).buckets(16) == (16, 12, 8, 4)
     _assert_same(full, compact)
     used = np.asarray(full.turns_used)
     assert used.min() < used.max()  # rows really finished at different turns

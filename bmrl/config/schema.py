@@ -76,7 +76,8 @@ class RolloutCfg:
     temperature: float = 1.0  # sampling temperature during training rollouts (0 = greedy)
     top_k: int = 0  # keep the k most likely tokens (0 = off)
     top_p: float = 1.0  # nucleus sampling mass in (0, 1] (1 = off)
-    compact_min_rows: int = 0  # finished rows leave the batch: halve it while >= 2x this many rows (0 = off)
+    compact_min_rows: int = 0  # finished rows leave the batch, down to this many rows (0 = off)
+    compact_steps: int = 8  # the batch shrinks in steps of 1/compact_steps of it (each step: one more loop to compile)
 
 
 @dataclass

@@ -308,6 +308,7 @@ def validate(cfg: Config) -> None:
     if r.temperature < 0:
         raise ConfigError("rollout.temperature", f"must be >= 0 (0 = greedy), got {r.temperature}.")
     _positive(r, "rollout", ("top_k", "compact_min_rows"), minimum=0)
+    _positive(r, "rollout", ("compact_steps",))
     _in_range("rollout.top_p", r.top_p, 0, 1, lo_open=True)
     _check_format(cfg.format)
     e = cfg.eval

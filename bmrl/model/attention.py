@@ -32,11 +32,22 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Arr
     return out.reshape(batch, seq, heads * head_dim)
 
 
-def write_cache(cache: jax.Array, new: jax.Array, write_index: jax.Array) -> jax.Array:
-    """Scatter `new: [batch, chunk, kv_heads, head_dim]` into `cache: [batch, kv_heads, max_len, head_dim]`
-    at positions `write_index: [batch, chunk]`; indices outside [0, max_len) are dropped, never clamped."""
-    rows = jnp.arange(cache.shape[0])[:, None]
-    return cache.at[rows, :, write_index].set(new.astype(cache.dtype), mode="drop")
+def write_cache(cache: jax.Array, new: jax.Array, write_index: jax.Array, cache_rows: jax.Array | None = None) -> jax.Array:
+    """Scatter `new: [batch, chunk, kv_heads, head_dim]` into `cache: [cache_rows, kv_heads, max_len, head_dim]`
+    at positions `write_index: [batch, chunk]`; indices outside [0, max_len) are dropped, never clamped.
+    `cache_rows: int32[batch]` names each batch row's cache row (default: row b is cache row b)."""
+    rows = jnp.arange(cache.shape[0]) if cache_rows is None else cache_rows
+    return cache.at[rows[:, None], :, write_index].set(new.astype(cache.dtype), mode="drop")
+
+
+def _cache_block(cache: jax.Array, first: jax.Array, size: int, cache_rows: jax.Array | None) -> jax.Array:
+    """Keys (or values) first .. first + size - 1 of every batch row: [batch, kv_heads, size, head_dim].
+    With `cache_rows`, row b reads cache row cache_rows[b] (one gather of contiguous per-row slices)."""
+    if cache_rows is None:
+        return jax.lax.dynamic_slice_in_dim(cache, first, size, axis=2)
+    _, kv_heads, _, head_dim = cache.shape
+    one = lambda r: jax.lax.dynamic_slice(cache, (r, 0, first, 0), (1, kv_heads, size, head_dim))[0]  # noqa: E731
+    return jax.vmap(one)(cache_rows)
 
 
 def _group_queries(q: jax.Array, kv_heads: int) -> jax.Array:
@@ -62,6 +73,7 @@ def attend_cache(
     bound: jax.Array,
     block_size: int = BLOCK_SIZE,
     shared: tuple[jax.Array, jax.Array] | None = None,
+    cache_rows: jax.Array | None = None,
 ) -> jax.Array:
     """Queries attend to cache keys at positions <= their own and < `bound`.
 
@@ -72,6 +84,8 @@ def attend_cache(
     attends over the whole buffer in one step. A query with no key to attend to gets zeros.
     shared: keys/values `[1, kv_heads, prefix, head_dim]` of a prefix every row starts with, seen
     by every query before its own cache: one matrix product for all rows' queries (not one per row).
+    cache_rows: int32[batch], the cache row each batch row reads (a compacted batch over a cache that
+    stays in place: finished rows leave the batch without copying the cache); default row b.
     """
     batch, chunk, heads, head_dim = q.shape
     kv_heads, max_len = k_cache.shape[1], k_cache.shape[2]
@@ -85,8 +99,7 @@ def attend_cache(
     def keys_from(carry, first, start, size: int):
         """Fold keys first .. first + size - 1 (those >= start) into the running softmax."""
         m, l, acc = carry
-        k = jax.lax.dynamic_slice_in_dim(k_cache, first, size, axis=2)
-        v = jax.lax.dynamic_slice_in_dim(v_cache, first, size, axis=2)
+        k, v = _cache_block(k_cache, first, size, cache_rows), _cache_block(v_cache, first, size, cache_rows)
         key_pos = first + jnp.arange(size, dtype=jnp.int32)
         valid = (key_pos >= start) & (key_pos < bound) & (key_pos <= qpos)  # [batch, 1, rows, size]
         s = jnp.einsum("bkqd,bktd->bkqt", qg, k, preferred_element_type=jnp.float32) * head_dim**-0.5

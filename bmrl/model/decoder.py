@@ -74,13 +74,15 @@ class Attention(nnx.Module):
         bound: jax.Array | None = None,
         block_size: int = BLOCK_SIZE,
         shared: tuple[jax.Array, jax.Array] | None = None,
+        cache_rows: jax.Array | None = None,
     ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
         """x: [batch, seq, hidden]; positions: [batch, seq] (RoPE); mask: [batch, seq, seq] (no cache).
 
         Without a cache the keys are this chunk's own, under `mask`. With one, the chunk's
         keys/values are first scattered into it at `write_index: [batch, seq]` (out-of-range indices
         are dropped), then each query attends to the `shared` prefix (if any) and to the cache
-        positions <= its own and < `bound`, in blocks of `block_size` keys (see `attend_cache`).
+        positions <= its own and < `bound`, in blocks of `block_size` keys (see `attend_cache`);
+        `cache_rows: int32[batch]` maps batch rows to cache rows (default: the same row).
         """
         cfg = self.config
         batch, seq, _ = x.shape
@@ -91,9 +93,9 @@ class Attention(nnx.Module):
         q, k = apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq)
         if cache is None:
             return self.o_proj(attend(q, k, v, mask)), None
-        cache = (write_cache(cache[0], k, write_index), write_cache(cache[1], v, write_index))
+        cache = (write_cache(cache[0], k, write_index, cache_rows), write_cache(cache[1], v, write_index, cache_rows))
         cache_positions = positions if shared is None else positions - shared[0].shape[2]
-        out = attend_cache(q, *cache, cache_positions, bound, block_size, shared)
+        out = attend_cache(q, *cache, cache_positions, bound, block_size, shared, cache_rows)
         return self.o_proj(out), cache
 
 
@@ -126,9 +128,11 @@ class DecoderLayer(nnx.Module):
         bound: jax.Array | None = None,
         block_size: int = BLOCK_SIZE,
         shared: tuple[jax.Array, jax.Array] | None = None,
+        cache_rows: jax.Array | None = None,
     ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
         """Pre-norm residual block: attention then SwiGLU (arguments as in `Attention`)."""
-        attn = self.self_attn(self.input_layernorm(x), positions, mask, cache, write_index, bound, block_size, shared)
+        attn = self.self_attn(self.input_layernorm(x), positions, mask, cache, write_index, bound, block_size, shared,
+                              cache_rows)
         h, cache = attn
         x = x + h
         x = x + self.mlp(self.post_attention_layernorm(x))
@@ -213,6 +217,7 @@ class Decoder(nnx.Module):
         last_only: bool = False,
         block_size: int = BLOCK_SIZE,
         shared: KVCache | None = None,
+        cache_rows: jax.Array | None = None,
     ) -> tuple[jax.Array, KVCache]:
         """Append a chunk per sequence to the cache and return its logits.
 
@@ -228,6 +233,8 @@ class Decoder(nnx.Module):
         shared: the cache `[1, kv_heads, prefix, head_dim]` of a prefix every row starts with (built
         by `extend` at batch 1); then `cache` and `offsets` count from the end of the prefix (RoPE
         position prefix + offsets[b] + i), and every row attends to the prefix, stored once.
+        cache_rows: int32[batch], the cache row of each batch row (a batch that is a subset of the cache's
+        rows, as the compacting rollout runs: the cache stays in place); default row b.
         """
         chunk = tokens.shape[1]
         max_len = cache[0][0].shape[2]
@@ -242,7 +249,8 @@ class Decoder(nnx.Module):
         new_cache = []
         for i, (layer, layer_cache) in enumerate(zip(self.layers, cache, strict=True)):
             layer_shared = None if shared is None else shared[i]
-            x, layer_cache = layer(x, rope_positions, None, layer_cache, write_index, bound, block_size, layer_shared)
+            x, layer_cache = layer(x, rope_positions, None, layer_cache, write_index, bound, block_size, layer_shared,
+                                   cache_rows)
             new_cache.append(layer_cache)
         if last_only:
             last = jnp.clip(lengths - 1, 0, chunk - 1)

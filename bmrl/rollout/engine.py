@@ -174,7 +174,8 @@ def make_episode(policy: Any, env: Env, cfg: RolloutConfig, record_obs: bool = F
             turns_used=zeros, success=false, first_success_turn=zeros, terminated=false, overflow=false,
         )
         sizes = cfg.buckets(batch) if getattr(policy, "compactable", False) else (batch,)
-        c = play_compacting(carry, lambda c: turn(c, bound, inject), sizes, Tm, getattr(bound, "strip", None))
+        c = play_compacting(carry, lambda c: turn(c, bound, inject), sizes, Tm, getattr(bound, "strip", None),
+                            getattr(bound, "take_rows", None))
         r = c.turns
         # Progress after the last turn is carried to the end, however early the row finished.
         last = jnp.minimum(jnp.arange(Tm + 1)[None, :], c.turns_used[:, None])
@@ -193,14 +194,15 @@ def make_episode(policy: Any, env: Env, cfg: RolloutConfig, record_obs: bool = F
     return compiles.counted_jit(run, name=name)
 
 
-def play_compacting(carry: Carry, turn, sizes: tuple[int, ...], max_turns: int, strip=None) -> Carry:
+def play_compacting(carry: Carry, turn, sizes: tuple[int, ...], max_turns: int, strip=None, take_rows=None) -> Carry:
     """Run `turn` until no row is active or `max_turns`, at batch sizes `sizes` (static, decreasing).
 
     At `sizes[i]` rows the loop runs while more than `sizes[i + 1]` rows are active; then the active
     rows are gathered into a batch of `sizes[i + 1]` (finished rows leave) and the loop goes on, so
     late turns cost what their live rows cost. Every row's results are scattered back to its place
     in the full batch: the caller sees its own order. With one size it is the plain loop. `strip`
-    drops what the results do not need from a policy state (a model's KV cache) before scattering.
+    drops what the results do not need from a policy state (a model's KV cache) before scattering;
+    `take_rows(state, keep)` gathers a policy state's rows (a model's keeps its KV cache in place).
     """
 
     def rows(c: Carry) -> Carry:
@@ -223,7 +225,8 @@ def play_compacting(carry: Carry, turn, sizes: tuple[int, ...], max_turns: int, 
         out = jax.tree.map(lambda o, w: o.at[idx].set(w), out, results(work))
         if nxt:
             keep = jnp.argsort(~work.active, stable=True)[:nxt]  # active rows first
-            work = jax.tree.map(lambda w: w[keep], rows(work)).replace(t=work.t)
+            pstate = take_rows(work.policy_state, keep) if take_rows else jax.tree.map(lambda w: w[keep], work.policy_state)
+            work = jax.tree.map(lambda w: w[keep], rows(work.replace(policy_state=None))).replace(t=work.t, policy_state=pstate)
     return out.replace(t=work.t)
 
 

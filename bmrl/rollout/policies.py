@@ -141,6 +141,7 @@ class ModelState:
     logprobs: jax.Array  # float32[B, L]
     turn_of_token: jax.Array  # int32[B, L]
     tok_keys: jax.Array  # [B] sampling keys
+    slot: jax.Array  # int32[B]: the row's row in `cache` (the cache stays in place when the batch compacts)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,7 +151,7 @@ class ModelPolicy:
     graphdef: nnx.GraphDef
     fmt: Format
     cfg: RolloutConfig
-    compactable = True  # its state is per row: finished rows can leave the batch
+    compactable = True  # finished rows can leave the batch (`take_rows`; the KV cache stays in place)
 
     def bind(self, params) -> "_BoundModel":
         return _BoundModel(self, nnx.merge(self.graphdef, params))
@@ -188,28 +189,53 @@ class _BoundModel:
         return ModelState(
             cache=cache, next_logits=logits, cache_len=offsets + n_obs, n_tok=offsets + n_obs,
             tokens=write(tokens, offsets, obs_chunk, n_obs), loss_mask=f32, logprobs=f32, turn_of_token=turn_ids,
-            tok_keys=stream(keys, TOKEN_STREAM),
+            tok_keys=stream(keys, TOKEN_STREAM), slot=jnp.arange(batch, dtype=jnp.int32),
         )
 
-    def _prefill(self, chunk: jax.Array, n: jax.Array, offsets: jax.Array, cache, tight: bool = False):
+    @staticmethod
+    def _rows(s: ModelState) -> jax.Array | None:
+        """The cache rows of a compacted batch; None (row b is cache row b) while the batch is whole."""
+        return None if s.slot.shape[0] == s.cache[0][0].shape[0] else s.slot
+
+    def take_rows(self, s: ModelState, keep: jax.Array) -> ModelState:
+        """Rows `keep` of the batch (compaction): every per-row array is gathered, the KV cache is not
+        (it stays in place, read and written through `slot`), so a compaction step copies no cache."""
+        kept = jax.tree.map(lambda x: x[keep], s.replace(cache=None))
+        return kept.replace(cache=s.cache)
+
+    def _prefill(self, chunk: jax.Array, n: jax.Array, offsets: jax.Array, cache, tight: bool = False,
+                 rows: jax.Array | None = None, prev: jax.Array | None = None):
         """Prefill `chunk: [B, W]` (row b: its first n[b] tokens) at `offsets`. With `tight`, at the
         smaller of two static widths (W rounded up to half, or W) that holds the longest row, so the
         cost follows the real lengths (each width is one more trace of the model: two keep compiles
-        cheap). Returns (logits of each row's last token [B, V], cache)."""
+        cheap). `rows`: the cache row of each batch row. With `prev: [B, V]`, rows with n = 0 keep
+        those logits and a chunk with no token runs no model. Returns (logits of each row's last
+        token [B, V], cache).
+        The width is chosen by loops that run once or not at all, not by `lax.cond`/`switch`: XLA
+        copies a whole KV cache in and out of a conditional's branches (measured: two copies of the
+        cache per turn, a quarter of a turn's time at 64 rows), while a loop updates it in place."""
         W = chunk.shape[1]
         half = -(-W // 16) * 8  # ceil(W / 2) rounded up to a multiple of 8
         widths = [half, W] if tight and half < W else [W]
-        which = (jnp.max(n) > half).astype(jnp.int32)
+        longest = jnp.max(n)
+        logits = jnp.zeros((chunk.shape[0], self.model.config.vocab_size), jnp.float32) if prev is None else prev
 
-        def at(w):
-            def go(cache):
-                lg, cache = self.model.extend(chunk[:, :w], n, offsets, cache, last_only=True)
-                return lg[:, 0], cache
-            return go
+        def at(w, run, carry):
+            def body(c):
+                _, cache, prev_logits = c
+                lg, cache = self.model.extend(chunk[:, :w], n, offsets, cache, last_only=True, cache_rows=rows)
+                return jnp.bool_(False), cache, jnp.where((n > 0)[:, None], lg[:, 0], prev_logits)
+            return jax.lax.while_loop(lambda c: c[0], body, (run, *carry))[1:]
 
         if len(widths) == 1:
-            return at(W)(cache)
-        return jax.lax.switch(which, [at(w) for w in widths], cache)
+            runs = [jnp.bool_(True) if prev is None else longest > 0]
+        else:  # the narrow chunk when it holds every row, else the whole one
+            runs = [(longest > 0) & (longest <= half), longest > half]
+        carry = (cache, logits)
+        for w, run in zip(widths, runs):
+            carry = at(w, run, carry)
+        cache, logits = carry
+        return logits, cache
 
     def start_from_context(self, context: jax.Array, lengths: jax.Array, keys, turn_ids=None) -> ModelState:
         """Prefill any context `[B, W]` (+ lengths [B]) from offset 0: the state before a reply."""
@@ -224,7 +250,7 @@ class _BoundModel:
             tokens=write(jnp.full((batch, L), self.fmt.pad_id, jnp.int32), zeros, context, lengths),
             loss_mask=f32, logprobs=f32,
             turn_of_token=write(jnp.full((batch, L), -1, jnp.int32), zeros, turn_ids, lengths),
-            tok_keys=stream(keys, TOKEN_STREAM),
+            tok_keys=stream(keys, TOKEN_STREAM), slot=jnp.arange(batch, dtype=jnp.int32),
         )
 
     def strip(self, s: ModelState) -> ModelState:
@@ -253,7 +279,7 @@ class _BoundModel:
 
             def feed(args):
                 cache, _ = args
-                lg, cache = model.extend(tok[:, None], cont.astype(jnp.int32), s.cache_len, cache)
+                lg, cache = model.extend(tok[:, None], cont.astype(jnp.int32), s.cache_len, cache, cache_rows=self._rows(s))
                 return cache, lg[:, 0]
 
             cache, next_logits = jax.lax.cond(jnp.any(cont), feed, lambda a: a, (s.cache, s.next_logits))
@@ -282,7 +308,7 @@ class _BoundModel:
         full = jnp.concatenate([reply.astype(jnp.int32), stop], axis=1)  # [B, W + 1]
         full = jnp.where(jnp.arange(W + 1)[None, :] == n[:, None], self.stop_ids[0], full)  # stop after the reply
         lg, cache = jax.lax.cond(
-            jnp.any(n > 0), lambda c: self.model.extend(reply, n, s.cache_len, c),
+            jnp.any(n > 0), lambda c: self.model.extend(reply, n, s.cache_len, c, cache_rows=self._rows(s)),
             lambda c: (jnp.zeros((batch, W, s.next_logits.shape[-1]), s.next_logits.dtype), c), s.cache,
         )
         logits = jnp.concatenate([s.next_logits[:, None, :], lg], axis=1)  # [B, W + 1, V]: before each token
@@ -331,12 +357,8 @@ class _BoundModel:
         go = nxt & fits
         n = jnp.where(go, n, 0)
 
-        def prefill(args):
-            cache, prev = args
-            lg, cache = self._prefill(chunk, n, s.cache_len, cache, tight=True)
-            return cache, jnp.where(go[:, None], lg, prev)
-
-        cache, next_logits = jax.lax.cond(jnp.any(go), prefill, lambda a: a, (s.cache, s.next_logits))
+        next_logits, cache = self._prefill(chunk, n, s.cache_len, s.cache, tight=True, rows=self._rows(s),
+                                           prev=s.next_logits)
         turn_ids = jnp.where(jnp.arange(width)[None, :] == 0, t, t + 1)
         cache_len = s.cache_len + n
         s = s.replace(

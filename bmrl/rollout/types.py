@@ -73,7 +73,8 @@ class RolloutConfig:
     max_len: int
     sampling: SamplingConfig = SamplingConfig()
     format_reward: float = 0.0  # added to a turn's reward when its reply breaks the format (< 0 penalises)
-    compact_min_rows: int = 0  # live-row compaction: halve the batch while it is >= 2x this (0 = off)
+    compact_min_rows: int = 0  # live-row compaction: the smallest batch finished rows shrink it to (0 = off)
+    compact_steps: int = 8  # compaction shrinks the batch in steps of 1/compact_steps of it (see `buckets`)
 
     def __post_init__(self) -> None:
         for name in ("max_turns", "max_reply_tokens", "max_len"):
@@ -81,12 +82,22 @@ class RolloutConfig:
                 raise RolloutError(f"RolloutConfig.{name} must be >= 1, got {getattr(self, name)}.")
         if self.compact_min_rows < 0:
             raise RolloutError(f"RolloutConfig.compact_min_rows must be >= 0 (0 = off), got {self.compact_min_rows}.")
+        if self.compact_steps < 1:
+            raise RolloutError(f"RolloutConfig.compact_steps must be >= 1 (2 = halving), got {self.compact_steps}.")
 
     def buckets(self, batch: int) -> tuple[int, ...]:
-        """The static batch sizes a compacting rollout of `batch` rows runs at: batch, batch/2, ...
-        while the next is a whole number >= compact_min_rows (just `(batch,)` when compaction is off)."""
-        sizes = [batch]
-        while self.compact_min_rows and sizes[-1] % 2 == 0 and sizes[-1] // 2 >= self.compact_min_rows:
+        """The static batch sizes a compacting rollout of `batch` rows runs at (just `(batch,)` when
+        compaction is off): batch, then the multiples of a step below it, then halving, all >=
+        compact_min_rows. The step is batch / compact_steps rounded up to a multiple of compact_min_rows:
+        64 rows, min 8, 8 steps: 64, 56, ..., 8; 256 rows: 256, 224, ..., 32, 16, 8; 2 steps: 64, 32, 16, 8.
+        Each size is one more copy of the turn loop in the program (compile time), and a row that
+        finishes stops costing once the live rows fit the next size."""
+        m = self.compact_min_rows
+        if not m:
+            return (batch,)
+        step = m * -(-batch // (self.compact_steps * m))
+        sizes = [batch] + list(range(step * ((batch - 1) // step), 0, -step))
+        while sizes[-1] % 2 == 0 and sizes[-1] // 2 >= m:
             sizes.append(sizes[-1] // 2)
         return tuple(sizes)
 
