@@ -7,10 +7,12 @@ program per batch shape (max_turns 32, caps as data), measured after a warm-up c
 - ceiling ratio: useful tokens/s of the rollout (sampled + real observation tokens, no padding, no
   finished rows) over a plain decode ceiling, a minimal jitted `extend` + `sample` loop on the same
   model, batch and mean live context (target >= 0.7), at batch 64 and 256 x 16 turns;
-- linear in turns: t(32 turns) / t(16 turns) and t(16) / t(8) at batch 16 (targets <= 2.3);
+- linear in turns: t(32 turns) / t(16 turns) and t(16) / t(8) at batch 16 (targets <= 2.3), beside the
+  same ratios for the plain decode loop at the runs' mean live contexts (`ceiling_t32_over_t16`: 2 x its
+  time per token at the longer context over the shorter; attention over the context makes it > 2);
 - BudgetMix pays for turns played: caps drawn from {2, 4, 6, 8} vs all 8, at batch 64 with live-row
-  compaction on (`compact_min_rows=8`; target <= 0.70, turns played 0.625), and the same without
-  compaction beside it;
+  compaction on (`compact_min_rows=8`: batch sizes 64, 56, ..., 8; target <= 0.70, turns played 0.65),
+  and the same without compaction beside it;
 - batch helps: env turns/s at batch 256 over batch 16 (target >= 1.5);
 - compiles: rollout programs compiled in the whole run (one per batch shape and compaction setting).
 `--python` adds the Python-driven loop (`bmrl.rollout.baseline`) at batch 64 x 8 turns.
@@ -134,6 +136,12 @@ def main() -> None:
     by_turns = {n: run(16, np.full(16, n), base) for n in (8, 16, 32)}
     out["t16_over_t8"] = round(by_turns[16]["seconds"] / by_turns[8]["seconds"], 3)
     out["t32_over_t16"] = round(by_turns[32]["seconds"] / by_turns[16]["seconds"], 3)
+    # What the model itself allows: twice the turns at a longer mean context cost the plain decode loop
+    # 2 x (its time per token at the longer context / at the shorter one). Attention over the context is
+    # part of every token's cost, so no rollout can be more linear than this; above it is waste.
+    rate = {n: decode_ceiling(policy, 16, int(by_turns[n]["mean_context"]), 64, max_len, repeats) for n in (8, 16, 32)}
+    out["ceiling_t16_over_t8"] = round(2 * rate[8] / rate[16], 3)
+    out["ceiling_t32_over_t16"] = round(2 * rate[16] / rate[32], 3)
 
     for batch in (64, 256):
         row = run(batch, np.full(batch, 16), base)
@@ -157,6 +165,7 @@ def main() -> None:
         t_jit = _time(lambda: rollout(policy, env, tasks, caps, jax.random.key(0), cfg8), repeats)
         out["compiled_over_python_64x8"] = round(t_py / t_jit, 2)
 
+    out["compaction_buckets_64"] = list(compact.buckets(64))
     out["compiles"] = compiles.counts().get("rollout", 0)
     out["compile_note"] = "one rollout program per batch shape (16, 64, 256) plus one for compaction at 64"
     print(json.dumps(out))

@@ -157,6 +157,18 @@ class ModelPolicy:
         return _BoundModel(self, nnx.merge(self.graphdef, params))
 
 
+def run_once(pred: jax.Array, fn: Callable, carry: Any) -> Any:
+    """`fn(carry)` if `pred` else `carry`, as a loop that runs once or not at all. Not `lax.cond`: XLA
+    copies a KV cache passed through a conditional's branches whole, on every call (measured in the
+    rollout: two copies of the cache per turn, about 40% of a turn at 64 rows), while a loop's carry
+    is updated in place (`tests/test_rollout.py` checks the compiled rollout for cache-sized copies)."""
+
+    def body(c):
+        return jnp.bool_(False), fn(c[1])
+
+    return jax.lax.while_loop(lambda c: c[0], body, (jnp.asarray(pred, bool), carry))[1]
+
+
 class _BoundModel:
     """A model policy inside one trace: the merged module and the static shapes."""
 
@@ -211,21 +223,19 @@ class _BoundModel:
         cheap). `rows`: the cache row of each batch row. With `prev: [B, V]`, rows with n = 0 keep
         those logits and a chunk with no token runs no model. Returns (logits of each row's last
         token [B, V], cache).
-        The width is chosen by loops that run once or not at all, not by `lax.cond`/`switch`: XLA
-        copies a whole KV cache in and out of a conditional's branches (measured: two copies of the
-        cache per turn, a quarter of a turn's time at 64 rows), while a loop updates it in place."""
+        The width is chosen by `run_once`, not by `lax.cond`/`switch` (see there)."""
         W = chunk.shape[1]
         half = -(-W // 16) * 8  # ceil(W / 2) rounded up to a multiple of 8
         widths = [half, W] if tight and half < W else [W]
         longest = jnp.max(n)
         logits = jnp.zeros((chunk.shape[0], self.model.config.vocab_size), jnp.float32) if prev is None else prev
 
-        def at(w, run, carry):
-            def body(c):
-                _, cache, prev_logits = c
+        def at(w):
+            def go(carry):
+                cache, prev_logits = carry
                 lg, cache = self.model.extend(chunk[:, :w], n, offsets, cache, last_only=True, cache_rows=rows)
-                return jnp.bool_(False), cache, jnp.where((n > 0)[:, None], lg[:, 0], prev_logits)
-            return jax.lax.while_loop(lambda c: c[0], body, (run, *carry))[1:]
+                return cache, jnp.where((n > 0)[:, None], lg[:, 0], prev_logits)
+            return go
 
         if len(widths) == 1:
             runs = [jnp.bool_(True) if prev is None else longest > 0]
@@ -233,7 +243,7 @@ class _BoundModel:
             runs = [(longest > 0) & (longest <= half), longest > half]
         carry = (cache, logits)
         for w, run in zip(widths, runs):
-            carry = at(w, run, carry)
+            carry = run_once(run, at(w), carry)
         cache, logits = carry
         return logits, cache
 
@@ -282,7 +292,7 @@ class _BoundModel:
                 lg, cache = model.extend(tok[:, None], cont.astype(jnp.int32), s.cache_len, cache, cache_rows=self._rows(s))
                 return cache, lg[:, 0]
 
-            cache, next_logits = jax.lax.cond(jnp.any(cont), feed, lambda a: a, (s.cache, s.next_logits))
+            cache, next_logits = run_once(jnp.any(cont), feed, (s.cache, s.next_logits))
             s = s.replace(
                 tokens=write(s.tokens, s.n_tok, tok[:, None], one),
                 loss_mask=write(s.loss_mask, s.n_tok, sampled[:, None], one),
@@ -307,10 +317,12 @@ class _BoundModel:
         stop = jnp.full((batch, 1), self.stop_ids[0], jnp.int32)
         full = jnp.concatenate([reply.astype(jnp.int32), stop], axis=1)  # [B, W + 1]
         full = jnp.where(jnp.arange(W + 1)[None, :] == n[:, None], self.stop_ids[0], full)  # stop after the reply
-        lg, cache = jax.lax.cond(
-            jnp.any(n > 0), lambda c: self.model.extend(reply, n, s.cache_len, c, cache_rows=self._rows(s)),
-            lambda c: (jnp.zeros((batch, W, s.next_logits.shape[-1]), s.next_logits.dtype), c), s.cache,
-        )
+        def feed(carry):
+            cache, _ = carry
+            lg, cache = self.model.extend(reply, n, s.cache_len, cache, cache_rows=self._rows(s))
+            return cache, lg
+
+        cache, lg = run_once(jnp.any(n > 0), feed, (s.cache, jnp.zeros((batch, W, s.next_logits.shape[-1]), jnp.float32)))
         logits = jnp.concatenate([s.next_logits[:, None, :], lg], axis=1)  # [B, W + 1, V]: before each token
         logp = policy_logprobs(logits, self.cfg.sampling)
         lp = jnp.take_along_axis(logp, full[..., None], axis=-1)[..., 0]
