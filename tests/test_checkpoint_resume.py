@@ -85,9 +85,10 @@ def test_sigkill_and_resume_is_bitwise_identical(tmp_path):
     cfg_path.write_text(yaml.safe_dump(CFG))
     ref_dir, run_dir = tmp_path / "ref", tmp_path / "run"
 
-    # The interrupted run and the reference run side by side (2 cores).
+    # The interrupted run alone first: it compiles every program of the run (rollout, update, evaluation)
+    # into the session's persistent compile cache (BMRL_COMPILE_CACHE, inherited), so the reference and
+    # the resumed run, started side by side after the kill, load them instead of compiling them again.
     victim = _launch(cfg_path, run_dir)
-    ref = _launch(cfg_path, ref_dir)
     ckdir = run_dir / "checkpoints"
     deadline = time.time() + 600  # generous: the machine may be shared
     found = during_save = False
@@ -106,6 +107,7 @@ def test_sigkill_and_resume_is_bitwise_identical(tmp_path):
     assert killed_at and max(killed_at) < CFG["train"]["steps"]
     print(f"killed {'during a save' if during_save else 'after a save'}; complete checkpoints: {killed_at}")
 
+    ref = _launch(cfg_path, ref_dir)
     resumed = _launch(cfg_path, run_dir)
     out_resumed, _ = resumed.communicate(timeout=300)
     out_ref, _ = ref.communicate(timeout=300)

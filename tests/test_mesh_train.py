@@ -1,13 +1,16 @@
 """Every mesh trains like one device: `bmrl train` (the real loop: rollout, GRPO update, checkpoints,
-evaluation) on 8 simulated CPU devices for the meshes (data 8), (fsdp 8 -> resumed as fsdp 4 x tensor 2)
-and (data 2, fsdp 2, tensor 2), against the same run on one device.
+evaluation) on 8 simulated CPU devices for the meshes (fsdp 8 -> resumed as fsdp 4 x tensor 2) and
+(data 2, fsdp 2, tensor 2), against the same run on one device. Every sharding axis is covered: the data
+axis by the (data 2, fsdp 2, tensor 2) run (a pure data 8 mesh was dropped: it repeated that run's data
+sharding at about 35 CPU-seconds of its own compiles), fsdp by all three runs, tensor by two.
 
 One subprocess runs every mesh in sequence (XLA_FLAGS=--xla_force_host_platform_device_count=8) while
 this process runs the one-device reference. STEPS is 4, not 10, to keep the suite's cost down (each
 mesh compiles the rollout and the update afresh; the compiles dominate). Checked per mesh: the same
 rollout token counts and successes and the same losses (float tolerance) at every step; the train step
 compiled exactly once (XLA backend compiles counted by `jax.monitoring`, not just traces) and the rollout
-once; the fsdp 8 run's checkpoint restores onto fsdp 4 x tensor 2 (resharded) and continues identically.
+once; the fsdp 8 run's checkpoint restores onto fsdp 4 x tensor 2 (resharded) and continues identically;
+the loop's evaluation, run on the (data 2, fsdp 2, tensor 2) mesh, gives the one-device Pass@(1,T).
 """
 
 from __future__ import annotations
@@ -39,17 +42,19 @@ TINY = dict(
     data={"train_size": 16, "test_size": 8},
     checkpoint={"every": 2, "keep": 2},
 )
-# (name, mesh overrides, steps, out_dir name): the fsdp8 run stops at step 2; its directory then
-# resumes on fsdp 4 x tensor 2 (the checkpoint resharded on restore) up to STEPS.
+# (name, mesh overrides, steps, out_dir name, evaluate): the fsdp8 run stops at step 2; its directory
+# then resumes on fsdp 4 x tensor 2 (the checkpoint resharded on restore) up to STEPS. The loop's
+# evaluation (initial and final Pass@(1,T), its own compiled program per mesh) runs on the mesh with
+# every axis, and must give the one-device numbers; the other two skip it (train(evaluate=False):
+# the evaluation draws its own keys, so training is unchanged).
 RUNS = [
-    ("data8", dict(data=8, fsdp=1, tensor=1), STEPS, "data8"),
-    ("fsdp8", dict(data=1, fsdp=8, tensor=1), 2, "fsdp"),
-    ("fsdp4_tensor2", dict(data=1, fsdp=4, tensor=2), STEPS, "fsdp"),
-    ("data2_fsdp2_tensor2", dict(data=2, fsdp=2, tensor=2), STEPS, "dft"),
+    ("fsdp8", dict(data=1, fsdp=8, tensor=1), 2, "fsdp", False),
+    ("fsdp4_tensor2", dict(data=1, fsdp=4, tensor=2), STEPS, "fsdp", False),
+    ("data2_fsdp2_tensor2", dict(data=2, fsdp=2, tensor=2), STEPS, "dft", True),
 ]
 
 
-def run_one(out_dir: str, mesh: dict, steps: int) -> dict:
+def run_one(out_dir: str, mesh: dict, steps: int, evaluate: bool = True) -> dict:
     """One `bmrl.train.train` run; per-step losses / token counts / successes, compiles, XLA compiles."""
     import collections
 
@@ -70,7 +75,7 @@ def run_one(out_dir: str, mesh: dict, steps: int) -> dict:
     data["train"]["steps"] = steps
     cfg = config_lib.build(data)
     try:
-        summary = train(cfg, progress=False)
+        summary = train(cfg, progress=False, evaluate=evaluate)
     finally:
         jax.monitoring.unregister_event_duration_listener(listen)
     records = [json.loads(line) for line in open(os.path.join(out_dir, "metrics.jsonl"))]
@@ -85,13 +90,14 @@ def run_one(out_dir: str, mesh: dict, steps: int) -> dict:
         "update_backend_compiles": backend["jit(update)"],
         "rollout_backend_compiles": backend["jit(rollout)"],  # the training rollout (eval has its own)
         "resumed_from": summary["resumed_from"],
+        "eval": [summary["eval_initial"], summary["eval"]] if evaluate else None,
         "checkpoints": sorted(os.listdir(os.path.join(out_dir, "checkpoints"))),
     }
 
 
 def meshes_main(root: str) -> None:
     """The 8-device subprocess: every run of RUNS in sequence; prints one JSON line."""
-    out = {name: run_one(os.path.join(root, d), mesh, steps) for name, mesh, steps, d in RUNS}
+    out = {name: run_one(os.path.join(root, d), mesh, steps, ev) for name, mesh, steps, d, ev in RUNS}
     print("MESHES " + json.dumps(out))
 
 
@@ -115,7 +121,7 @@ def test_every_mesh_trains_like_one_device(tmp_path):
 
     assert ref["update_backend_compiles"] == 1 and ref["compiles"]["train_step"] == 1
     assert len(set(np.round(ref["loss"], 6))) > 1  # the steps changed something
-    for name, mesh, steps, _ in RUNS:
+    for name, mesh, steps, _, evaluated in RUNS:
         r = runs[name]
         first = 2 if name == "fsdp4_tensor2" else 0  # resumed at step 2
         assert r["steps"] == list(range(first + 1, steps + 1)), (name, r["steps"])
@@ -128,6 +134,9 @@ def test_every_mesh_trains_like_one_device(tmp_path):
         assert r["compiles"]["rollout"] == 1 and r["rollout_backend_compiles"] == 1, (name, r)
         assert r["metric_compiles"]["compiles/train_step"] == 1, name
         assert r["checkpoints"] == [str(s) for s in range(2, steps + 1, 2)][-2:], name
+        if evaluated:  # the loop's evaluation on the mesh: the one-device Pass@(1,T), before and after
+            assert r["eval"] == ref["eval"], (name, r["eval"], ref["eval"])
+    assert any(ev for *_, ev in RUNS)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ from bmrl.model import from_pretrained
 
 OVERRIDES = [
     "env.name=corridor", "env.options={length: 4, eps: 0.1}",
-    "model.hidden_size=64", "model.intermediate_size=128", "model.num_hidden_layers=2",
+    "model.hidden_size=64", "model.intermediate_size=128", "model.num_hidden_layers=1",  # 2 layers: the same numbers
     "budget.budgets=[8]", "rollout.max_turns=12", "rollout.max_reply_tokens=4", "rollout.max_len=352",
     "sft.steps=80", "sft.batch_size=32", "sft.noise=0.25", "sft.demo_turns=6",
     "sft.optim.lr=0.005", "sft.optim.warmup_steps=10", "sft.optim.schedule=constant",

@@ -260,22 +260,33 @@ def test_compile_count_constant_whatever_budgets(tmp_path):
     assert sorted(os.listdir(out / "checkpoints")) == ["2", "3"]
     assert (out / "tb").is_dir() and os.listdir(out / "tb")
 
-    # Caps are data: fixed, mix and uniform budgets through the same compiled programs.
+    # Caps are data: fixed, mix and uniform budgets through the same compiled programs. The rollout and
+    # the update are built and placed as the loop builds them (bmrl.train: its optimizer, its 1-device
+    # mesh's shardings), so their XLA programs are the run's own, loaded from the session's compile cache.
     from bmrl import build as policy_lib
+    from bmrl.parallel import make_mesh, param_shardings, shard_batch, state_shardings
     from bmrl.rollout import Injection, default_format, make_rollout
 
     cfg = tiny_cfg(tmp_path)
+    t, o = cfg.train, cfg.train.optim
     model, tok = policy_lib.load_policy(str(out / "policy"))
     env = policy_lib.make_env(cfg, tok)
+    rcfg = policy_lib.rollout_config(cfg)
+    mesh = make_mesh(policy_lib.mesh_config(cfg))
     graphdef, params = nnx.split(model)
-    run = make_rollout(graphdef, env, default_format(env), policy_lib.rollout_config(cfg))
-    tx = make_optimizer(1e-3, total_steps=10)
+    run = make_rollout(graphdef, env, default_format(env), rcfg)
+    tx = make_optimizer(o.lr, o.warmup_steps, max(t.steps * t.epochs * t.minibatches, o.warmup_steps + 1), o.weight_decay,
+                        o.b1, o.b2, o.eps, o.max_grad_norm, o.schedule, o.min_lr_ratio, master_f32=t.f32_master)
+    param_sh = param_shardings(params, mesh)
+    params = jax.device_put(params, param_sh)
     opt_state = step_lib.init_opt_state(tx, params)
-    update = step_lib.make_update(graphdef, tx, cfg.train, 1.0)
-    tasks = {"seed": jnp.arange(4, dtype=jnp.int32) * 2}
+    opt_sh = state_shardings(opt_state, mesh)
+    opt_state = jax.device_put(opt_state, opt_sh)
+    update = step_lib.make_update(graphdef, tx, t, rcfg.sampling.temperature, shardings=(param_sh, opt_sh))
+    tasks = shard_batch({"seed": jnp.arange(4, dtype=jnp.int32) * 2}, mesh)
     for i, b in enumerate([budget_lib.fixed(1), budget_lib.mix([1, 3], [0.5, 0.5]), budget_lib.uniform(1, 3)]):
-        caps = b.sample(jax.random.key(i), 4, 2)
-        traj = run(params, tasks, caps, jax.random.key(i), Injection.none(12))
+        caps = shard_batch(b.sample(jax.random.key(i), 4, 2), mesh)
+        traj = run(params, tasks, caps, jax.random.key(i), Injection.none(rcfg.max_turns))
         params, opt_state, _ = update(params, opt_state, None, traj, jax.random.key(i))
     assert run.trace_count() == 1 and update.trace_count() == 1
 

@@ -11,6 +11,8 @@ WORKS = dict(
     seed=0,
     env={"name": "corridor", "options": {"length": 4, "eps": 0.1}},
     budget={"kind": "fixed", "budgets": [6]},
+    # 1 layer (the default tiny model has 2): measured the same gain, 0.104 -> 0.354, at 2/3 of the cost.
+    model={"num_hidden_layers": 1},
     rollout={"max_turns": 12, "max_reply_tokens": 4, "max_len": 288},
     sft={"steps": 80, "batch_size": 16, "noise": 0.4, "demo_turns": 6},
     train={"steps": 20, "tasks_per_step": 8, "group_size": 8, "advantage": "grpo", "loss": "ppo",
@@ -23,10 +25,10 @@ WORKS = dict(
 
 @pytest.mark.slow
 def test_training_works_rl_from_sft_base_raises_success(tmp_path):
-    """RL from an SFT base (80 steps of behaviour cloning of 40%-noisy oracle demos on a 4-cell
-    slippery corridor) raises Pass@(1,6) on 96 held-out corridors by >= 0.1 in 20 steps of
-    8 tasks x 8 attempts (GRPO, PPO loss, Adam lr 1e-3 constant). Measured: about 0.1 -> 0.4
-    (lr 3e-3 collapses this tiny policy to invalid replies within one step)."""
+    """RL from an SFT base (a 1-layer tiny decoder; 80 steps of behaviour cloning of 40%-noisy oracle
+    demos on a 4-cell slippery corridor) raises Pass@(1,6) on 96 held-out corridors by >= 0.1 in 20 steps of
+    8 tasks x 8 attempts (GRPO, PPO loss, Adam lr 1e-3 constant). Measured: 0.10 -> 0.35, as with
+    2 layers (lr 3e-3 collapses this tiny policy to invalid replies within one step)."""
     from bmrl.learn.sft import run_sft
     from bmrl.train import train
 
