@@ -1,5 +1,6 @@
 """The compiled multi-turn rollout: equality with the Python loop, caps, compiles, keys, overflow."""
 
+import itertools
 import math
 import os
 import re
@@ -259,7 +260,7 @@ def test_compaction_buckets_step_down_by_a_fraction_of_the_batch():
     assert sizes(10, 3) == (10, 9, 6, 3) and sizes(12, 8) == (12, 8) and sizes(64, 0) == (64,)
     for batch, min_rows, steps in [(64, 8, 8), (256, 8, 8), (10, 3, 8), (100, 7, 3)]:
         got = sizes(batch, min_rows, steps)
-        assert all(a > b >= min_rows for a, b in zip(got, got[1:])) and got[0] == batch
+        assert all(a > b >= min_rows for a, b in itertools.pairwise(got)) and got[0] == batch
     with pytest.raises(RolloutError, match="compact_steps must be >= 1"):
         RolloutConfig(4, 2, 8, compact_min_rows=8, compact_steps=0)
 

@@ -32,7 +32,9 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Arr
     return out.reshape(batch, seq, heads * head_dim)
 
 
-def write_cache(cache: jax.Array, new: jax.Array, write_index: jax.Array, cache_rows: jax.Array | None = None) -> jax.Array:
+def write_cache(
+    cache: jax.Array, new: jax.Array, write_index: jax.Array, cache_rows: jax.Array | None = None
+) -> jax.Array:
     """Scatter `new: [batch, chunk, kv_heads, head_dim]` into `cache: [cache_rows, kv_heads, max_len, head_dim]`
     at positions `write_index: [batch, chunk]`; indices outside [0, max_len) are dropped, never clamped.
     `cache_rows: int32[batch]` names each batch row's cache row (default: row b is cache row b)."""
@@ -46,7 +48,10 @@ def _cache_block(cache: jax.Array, first: jax.Array, size: int, cache_rows: jax.
     if cache_rows is None:
         return jax.lax.dynamic_slice_in_dim(cache, first, size, axis=2)
     _, kv_heads, _, head_dim = cache.shape
-    one = lambda r: jax.lax.dynamic_slice(cache, (r, 0, first, 0), (1, kv_heads, size, head_dim))[0]  # noqa: E731
+
+    def one(row):
+        return jax.lax.dynamic_slice(cache, (row, 0, first, 0), (1, kv_heads, size, head_dim))[0]
+
     return jax.vmap(one)(cache_rows)
 
 

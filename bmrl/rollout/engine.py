@@ -15,6 +15,7 @@ as the benchmark baseline and correctness oracle).
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
@@ -194,6 +195,10 @@ def make_episode(policy: Any, env: Env, cfg: RolloutConfig, record_obs: bool = F
     return compiles.counted_jit(run, name=name)
 
 
+def _take(keep: jax.Array, leaf: jax.Array) -> jax.Array:
+    return leaf[keep]
+
+
 def play_compacting(carry: Carry, turn, sizes: tuple[int, ...], max_turns: int, strip=None, take_rows=None) -> Carry:
     """Run `turn` until no row is active or `max_turns`, at batch sizes `sizes` (static, decreasing).
 
@@ -225,8 +230,9 @@ def play_compacting(carry: Carry, turn, sizes: tuple[int, ...], max_turns: int, 
         out = jax.tree.map(lambda o, w: o.at[idx].set(w), out, results(work))
         if nxt:
             keep = jnp.argsort(~work.active, stable=True)[:nxt]  # active rows first
-            pstate = take_rows(work.policy_state, keep) if take_rows else jax.tree.map(lambda w: w[keep], work.policy_state)
-            work = jax.tree.map(lambda w: w[keep], rows(work.replace(policy_state=None))).replace(t=work.t, policy_state=pstate)
+            gather = functools.partial(jax.tree.map, functools.partial(_take, keep))
+            pstate = take_rows(work.policy_state, keep) if take_rows else gather(work.policy_state)
+            work = gather(rows(work.replace(policy_state=None))).replace(t=work.t, policy_state=pstate)
     return out.replace(t=work.t)
 
 

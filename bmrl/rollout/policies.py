@@ -159,9 +159,10 @@ class ModelPolicy:
 
 def run_once(pred: jax.Array, fn: Callable, carry: Any) -> Any:
     """`fn(carry)` if `pred` else `carry`, as a loop that runs once or not at all. Not `lax.cond`: XLA
-    copies a KV cache passed through a conditional's branches whole, on every call (measured in the
-    rollout: two copies of the cache per turn, about 40% of a turn at 64 rows), while a loop's carry
-    is updated in place (`tests/test_rollout.py` checks the compiled rollout for cache-sized copies)."""
+    copies a KV cache passed through a conditional's branches whole, on every call (in the rollout:
+    two copies of the cache per turn, which made rollouts 1.1-1.3x slower on 2 idle CPU cores), while
+    a loop's carry is updated in place (`tests/test_rollout.py` checks the compiled rollout for
+    cache-sized copies)."""
 
     def body(c):
         return jnp.bool_(False), fn(c[1])
@@ -289,7 +290,8 @@ class _BoundModel:
 
             def feed(args):
                 cache, _ = args
-                lg, cache = model.extend(tok[:, None], cont.astype(jnp.int32), s.cache_len, cache, cache_rows=self._rows(s))
+                lg, cache = model.extend(tok[:, None], cont.astype(jnp.int32), s.cache_len, cache,
+                                         cache_rows=self._rows(s))
                 return cache, lg[:, 0]
 
             cache, next_logits = run_once(jnp.any(cont), feed, (s.cache, s.next_logits))
@@ -317,12 +319,14 @@ class _BoundModel:
         stop = jnp.full((batch, 1), self.stop_ids[0], jnp.int32)
         full = jnp.concatenate([reply.astype(jnp.int32), stop], axis=1)  # [B, W + 1]
         full = jnp.where(jnp.arange(W + 1)[None, :] == n[:, None], self.stop_ids[0], full)  # stop after the reply
+
         def feed(carry):
             cache, _ = carry
             lg, cache = self.model.extend(reply, n, s.cache_len, cache, cache_rows=self._rows(s))
             return cache, lg
 
-        cache, lg = run_once(jnp.any(n > 0), feed, (s.cache, jnp.zeros((batch, W, s.next_logits.shape[-1]), jnp.float32)))
+        no_logits = jnp.zeros((batch, W, s.next_logits.shape[-1]), jnp.float32)
+        cache, lg = run_once(jnp.any(n > 0), feed, (s.cache, no_logits))
         logits = jnp.concatenate([s.next_logits[:, None, :], lg], axis=1)  # [B, W + 1, V]: before each token
         logp = policy_logprobs(logits, self.cfg.sampling)
         lp = jnp.take_along_axis(logp, full[..., None], axis=-1)[..., 0]
