@@ -31,7 +31,8 @@ import numpy as np
 
 from bmrl import compiles
 from bmrl.rollout.engine import play
-from bmrl.rollout.policies import ModelPolicy, Replay, ReplayPolicy
+from bmrl.rollout.model_policy import ModelPolicy
+from bmrl.rollout.policies import Replay, ReplayPolicy
 from bmrl.eval.bootstrap import bootstrap_mean
 
 ERROR_KINDS = ("any", "decision", "env")

@@ -48,7 +48,8 @@ from bmrl.eval.decompose import Decomposition, Episodes, Estimate, decompose_epi
 from bmrl.eval.passkt import pass_at_kt_per_task
 from bmrl.formats import Format
 from bmrl.rollout.engine import check_config, default_format, episode_program
-from bmrl.rollout.policies import ModelPolicy, as_policy
+from bmrl.rollout.model_policy import ModelPolicy
+from bmrl.rollout.policies import as_policy
 from bmrl.rollout.pyenv import PythonEnv, host_format
 from bmrl.rollout.types import Injection, RolloutConfig, check_caps
 

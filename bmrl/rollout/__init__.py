@@ -17,9 +17,9 @@ from bmrl.rollout.engine import (
     play,
     rollout,
 )
+from bmrl.rollout.model_policy import ModelPolicy
 from bmrl.rollout.policies import (
     POLICIES,
-    ModelPolicy,
     NoisyOracle,
     Replay,
     ReplayPolicy,

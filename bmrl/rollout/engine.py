@@ -26,7 +26,8 @@ from flax import nnx, struct
 from bmrl import compiles
 from bmrl.envs.base import INVALID, Env
 from bmrl.formats import Format
-from bmrl.rollout.policies import ModelPolicy, ScriptedPolicy, as_policy
+from bmrl.rollout.model_policy import ModelPolicy
+from bmrl.rollout.policies import ScriptedPolicy, as_policy
 from bmrl.rollout.tokens import select
 from bmrl.rollout.types import (
     ENV_STREAM,

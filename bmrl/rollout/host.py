@@ -43,7 +43,7 @@ from bmrl import compiles
 from bmrl.envs.python.protocol import Fault, Stepper, StepResult, action_index, key_seed
 from bmrl.envs.text import INVALID, Observation, encode
 from bmrl.formats import Format
-from bmrl.rollout.policies import ModelPolicy
+from bmrl.rollout.model_policy import ModelPolicy
 from bmrl.rollout.types import (
     ENV_STREAM,
     RolloutConfig,

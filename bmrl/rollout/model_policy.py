@@ -1,0 +1,288 @@
+"""The language-model policy of the episode engine: a Flax NNX decoder speaking a chat format.
+
+Acting decodes a reply into the KV cache until a stop token or the per-turn limit and parses it into
+an action id in tokens; observing prefills the reply's closing fragment and the next observation at the
+row's own offset (the policy interface is described in `bmrl.rollout.policies`). The cache is never
+copied: optional model calls run as loops that run once or not at all (`run_once`), and a compacted
+batch reads and writes the cache in place through each row's `slot`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx, struct
+
+from bmrl.envs.base import Env
+from bmrl.formats import Format
+from bmrl.rollout.tokens import assemble, fixed, parse_replies, write
+from bmrl.rollout.types import TOKEN_STREAM, RolloutConfig, stream
+from bmrl.sampling import policy_logprobs, sample
+
+
+@struct.dataclass
+class ModelState:
+    """Per-row state of a model policy inside the episode. B = batch, L = buffer, V = vocab."""
+
+    cache: Any  # the decoder's per-layer KV cache
+    next_logits: jax.Array  # float32[B, V]: logits of the next token to sample
+    cache_len: jax.Array  # int32[B]: tokens in the cache
+    n_tok: jax.Array  # int32[B]: tokens in the buffer (the last sampled token is not yet in the cache)
+    tokens: jax.Array  # int32[B, L]
+    loss_mask: jax.Array  # float32[B, L]
+    logprobs: jax.Array  # float32[B, L]
+    turn_of_token: jax.Array  # int32[B, L]
+    tok_keys: jax.Array  # [B] sampling keys
+    slot: jax.Array  # int32[B]: the row's row in `cache` (the cache stays in place when the batch compacts)
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelPolicy:
+    """A Flax NNX decoder (its graph; the weights are `params`) speaking the format `fmt`."""
+
+    graphdef: nnx.GraphDef
+    fmt: Format
+    cfg: RolloutConfig
+    compactable = True  # finished rows can leave the batch (`take_rows`; the KV cache stays in place)
+
+    def bind(self, params) -> "_BoundModel":
+        return _BoundModel(self, nnx.merge(self.graphdef, params))
+
+
+def run_once(pred: jax.Array, fn: Callable, carry: Any) -> Any:
+    """`fn(carry)` if `pred` else `carry`, as a loop that runs once or not at all. Not `lax.cond`: XLA
+    copies a KV cache passed through a conditional's branches whole, on every call (in the rollout:
+    two copies of the cache per turn, which made rollouts 1.1-1.3x slower on 2 idle CPU cores), while
+    a loop's carry is updated in place (`tests/test_rollout.py` checks the compiled rollout for
+    cache-sized copies)."""
+
+    def body(c):
+        return jnp.bool_(False), fn(c[1])
+
+    return jax.lax.while_loop(lambda c: c[0], body, (jnp.asarray(pred, bool), carry))[1]
+
+
+class _BoundModel:
+    """A model policy inside one trace: the merged module and the static shapes."""
+
+    def __init__(self, spec: ModelPolicy, model):
+        self.model, self.fmt, self.cfg = model, spec.fmt, spec.cfg
+        self.stop_ids = jnp.asarray(spec.fmt.stop_ids, jnp.int32)
+
+    def _obs_segments(self, obs, batch):
+        f = self.fmt
+        return [fixed(f.obs_open, batch), (obs.tokens, obs.length), fixed(f.obs_close, batch)]
+
+    def start(self, env: Env, obs, keys) -> ModelState:
+        """Turn 0 prompt: the format's prefix (the same for every row: prefilled once and shared) and
+        each row's first observation, prefilled at its real length."""
+        batch, P, pad = keys.shape[0], len(self.fmt.prefix), self.fmt.pad_id
+        width = self.fmt.first_chunk_len(env.max_obs_len)
+        obs_chunk, n_obs = assemble(self._obs_segments(obs, batch), width - P, pad)
+        if P == 0:
+            return self.start_from_context(obs_chunk, n_obs, keys, jnp.zeros((1, width), jnp.int32))
+        prefix = jnp.asarray(self.fmt.prefix, jnp.int32)[None, :]
+        one = jnp.ones((1,), jnp.int32)
+        _, shared = self.model.extend(prefix, one * P, one * 0, self.model.init_cache(1, self.cfg.max_len))
+        cache = jax.tree.map(lambda x: jnp.broadcast_to(x, (batch,) + x.shape[1:]), shared)
+        offsets = jnp.full((batch,), P, jnp.int32)
+        logits, cache = self._prefill(obs_chunk, n_obs, offsets, cache)
+        L, zeros = self.cfg.max_len, jnp.zeros((batch,), jnp.int32)
+        tokens = write(jnp.full((batch, L), pad, jnp.int32), zeros, jnp.broadcast_to(prefix, (batch, P)), zeros + P)
+        turn_ids = write(jnp.full((batch, L), -1, jnp.int32), offsets, jnp.zeros((1, width - P), jnp.int32), n_obs)
+        f32 = jnp.zeros((batch, L), jnp.float32)
+        return ModelState(
+            cache=cache, next_logits=logits, cache_len=offsets + n_obs, n_tok=offsets + n_obs,
+            tokens=write(tokens, offsets, obs_chunk, n_obs), loss_mask=f32, logprobs=f32, turn_of_token=turn_ids,
+            tok_keys=stream(keys, TOKEN_STREAM), slot=jnp.arange(batch, dtype=jnp.int32),
+        )
+
+    @staticmethod
+    def _rows(s: ModelState) -> jax.Array | None:
+        """The cache rows of a compacted batch; None (row b is cache row b) while the batch is whole."""
+        return None if s.slot.shape[0] == s.cache[0][0].shape[0] else s.slot
+
+    def take_rows(self, s: ModelState, keep: jax.Array) -> ModelState:
+        """Rows `keep` of the batch (compaction): every per-row array is gathered, the KV cache is not
+        (it stays in place, read and written through `slot`), so a compaction step copies no cache."""
+        kept = jax.tree.map(lambda x: x[keep], s.replace(cache=None))
+        return kept.replace(cache=s.cache)
+
+    def _prefill(self, chunk: jax.Array, n: jax.Array, offsets: jax.Array, cache, tight: bool = False,
+                 rows: jax.Array | None = None, prev: jax.Array | None = None):
+        """Prefill `chunk: [B, W]` (row b: its first n[b] tokens) at `offsets`. With `tight`, at the
+        smaller of two static widths (W rounded up to half, or W) that holds the longest row, so the
+        cost follows the real lengths (each width is one more trace of the model: two keep compiles
+        cheap). `rows`: the cache row of each batch row. With `prev: [B, V]`, rows with n = 0 keep
+        those logits and a chunk with no token runs no model. Returns (logits of each row's last
+        token [B, V], cache).
+        The width is chosen by `run_once`, not by `lax.cond`/`switch` (see there)."""
+        W = chunk.shape[1]
+        half = -(-W // 16) * 8  # ceil(W / 2) rounded up to a multiple of 8
+        widths = [half, W] if tight and half < W else [W]
+        longest = jnp.max(n)
+        logits = jnp.zeros((chunk.shape[0], self.model.config.vocab_size), jnp.float32) if prev is None else prev
+
+        def at(w):
+            def go(carry):
+                cache, prev_logits = carry
+                lg, cache = self.model.extend(chunk[:, :w], n, offsets, cache, last_only=True, cache_rows=rows)
+                return cache, jnp.where((n > 0)[:, None], lg[:, 0], prev_logits)
+            return go
+
+        if len(widths) == 1:
+            runs = [jnp.bool_(True) if prev is None else longest > 0]
+        else:  # the narrow chunk when it holds every row, else the whole one
+            runs = [(longest > 0) & (longest <= half), longest > half]
+        carry = (cache, logits)
+        for w, run in zip(widths, runs):
+            carry = run_once(run, at(w), carry)
+        cache, logits = carry
+        return logits, cache
+
+    def start_from_context(self, context: jax.Array, lengths: jax.Array, keys, turn_ids=None) -> ModelState:
+        """Prefill any context `[B, W]` (+ lengths [B]) from offset 0: the state before a reply."""
+        batch, L = keys.shape[0], self.cfg.max_len
+        zeros = jnp.zeros((batch,), jnp.int32)
+        turn_ids = jnp.zeros((1, context.shape[1]), jnp.int32) if turn_ids is None else turn_ids
+        cache = self.model.init_cache(batch, L)
+        logits, cache = self.model.extend(context, lengths, zeros, cache, last_only=True)
+        f32 = jnp.zeros((batch, L), jnp.float32)
+        return ModelState(
+            cache=cache, next_logits=logits[:, 0], cache_len=lengths, n_tok=lengths,
+            tokens=write(jnp.full((batch, L), self.fmt.pad_id, jnp.int32), zeros, context, lengths),
+            loss_mask=f32, logprobs=f32,
+            turn_of_token=write(jnp.full((batch, L), -1, jnp.int32), zeros, turn_ids, lengths),
+            tok_keys=stream(keys, TOKEN_STREAM), slot=jnp.arange(batch, dtype=jnp.int32),
+        )
+
+    def strip(self, s: ModelState) -> ModelState:
+        """The state without its KV cache and logits (what results need, for compaction)."""
+        return s.replace(cache=None, next_logits=None)
+
+    def decode_reply(self, s: ModelState, t, decoding: jax.Array) -> ModelState:
+        """Sample one reply per decoding row into the buffer, until a stop token or the per-turn limit
+        (a reply that reaches it gets a stop token appended: not sampled, not trained on)."""
+        R, model = self.cfg.max_reply_tokens, self.model
+
+        def cond(d):
+            s, decoding, i = d
+            return jnp.any(decoding) & (i < R)
+
+        def body(d):
+            s, decoding, i = d
+            keys = jax.vmap(lambda k: jax.random.fold_in(jax.random.fold_in(k, t), i))(s.tok_keys)
+            tok, lp = sample(keys, s.next_logits, self.cfg.sampling)
+            is_stop = jnp.isin(tok, self.stop_ids)
+            forced = decoding & ~is_stop & (i == R - 1)
+            tok = jnp.where(forced, self.stop_ids[0], tok)
+            sampled = decoding & ~forced
+            one = decoding.astype(jnp.int32)
+            cont = decoding & ~is_stop & ~forced
+
+            def feed(args):
+                cache, _ = args
+                lg, cache = model.extend(tok[:, None], cont.astype(jnp.int32), s.cache_len, cache,
+                                         cache_rows=self._rows(s))
+                return cache, lg[:, 0]
+
+            cache, next_logits = run_once(jnp.any(cont), feed, (s.cache, s.next_logits))
+            s = s.replace(
+                tokens=write(s.tokens, s.n_tok, tok[:, None], one),
+                loss_mask=write(s.loss_mask, s.n_tok, sampled[:, None], one),
+                logprobs=write(s.logprobs, s.n_tok, jnp.where(sampled, lp, 0.0)[:, None], one),
+                turn_of_token=write(s.turn_of_token, s.n_tok, jnp.broadcast_to(t, (tok.shape[0], 1)), one),
+                n_tok=s.n_tok + one, cache=cache, next_logits=next_logits,
+                cache_len=s.cache_len + cont.astype(jnp.int32),
+            )
+            return s, cont, i + 1
+
+        s, _, _ = jax.lax.while_loop(cond, body, (s, decoding, jnp.int32(0)))
+        return s
+
+    def force_reply(self, s: ModelState, reply: jax.Array, reply_len: jax.Array, t, forcing: jax.Array) -> ModelState:
+        """Teacher forcing: write the given reply (`reply: int32[B, W]`, its first `reply_len[b]`
+        tokens, stop excluded) and the first stop id into the buffer of each forcing row, as
+        `decode_reply` would have had the model sampled them: the same buffer, loss mask (1 on the
+        reply and its stop), turn ids and cache (the reply in it, the stop not yet); logprobs are the
+        sampling distribution's log-probs of the forced tokens. Needs reply_len + 1 <= max_reply_tokens."""
+        batch, W = reply.shape
+        n = jnp.where(forcing, reply_len, 0).astype(jnp.int32)
+        stop = jnp.full((batch, 1), self.stop_ids[0], jnp.int32)
+        full = jnp.concatenate([reply.astype(jnp.int32), stop], axis=1)  # [B, W + 1]
+        full = jnp.where(jnp.arange(W + 1)[None, :] == n[:, None], self.stop_ids[0], full)  # stop after the reply
+
+        def feed(carry):
+            cache, _ = carry
+            lg, cache = self.model.extend(reply, n, s.cache_len, cache, cache_rows=self._rows(s))
+            return cache, lg
+
+        no_logits = jnp.zeros((batch, W, s.next_logits.shape[-1]), jnp.float32)
+        cache, lg = run_once(jnp.any(n > 0), feed, (s.cache, no_logits))
+        logits = jnp.concatenate([s.next_logits[:, None, :], lg], axis=1)  # [B, W + 1, V]: before each token
+        logp = policy_logprobs(logits, self.cfg.sampling)
+        lp = jnp.take_along_axis(logp, full[..., None], axis=-1)[..., 0]
+        count = jnp.where(forcing, n + 1, 0)
+        last = jnp.take_along_axis(logits, n[:, None, None], axis=1)[:, 0]
+        return s.replace(
+            tokens=write(s.tokens, s.n_tok, full, count),
+            loss_mask=write(s.loss_mask, s.n_tok, jnp.ones_like(lp), count),
+            logprobs=write(s.logprobs, s.n_tok, lp, count),
+            turn_of_token=write(s.turn_of_token, s.n_tok, jnp.broadcast_to(t, full.shape), count),
+            n_tok=s.n_tok + count, cache=cache, cache_len=s.cache_len + n,
+            next_logits=jnp.where(forcing[:, None], last, s.next_logits),
+        )
+
+    def reply(self, s: ModelState, reply_start: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """The reply written since `reply_start`, without its stop token -> (tokens [B, R] padded, length [B])."""
+        R, L = self.cfg.max_reply_tokens, self.cfg.max_len
+        reply_len = s.n_tok - reply_start - 1
+        idx = jnp.clip(reply_start[:, None] + jnp.arange(R)[None, :], 0, L - 1)
+        reply = jnp.take_along_axis(s.tokens, idx, axis=1)
+        return jnp.where(jnp.arange(R)[None, :] < reply_len[:, None], reply, self.fmt.pad_id), reply_len
+
+    def parse(self, s: ModelState, env: Env, reply_start: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """The reply written since `reply_start`, without its stop token -> (action id, format_ok)."""
+        return parse_replies(env, self.fmt, *self.reply(s, reply_start))
+
+    def act(self, s: ModelState, env: Env, env_state, t, active):
+        reply_start = s.n_tok
+        s = self.decode_reply(s, t, active)
+        act, format_ok = self.parse(s, env, reply_start)
+        return s, act, format_ok
+
+    def observe(self, s: ModelState, env: Env, obs, t, nxt) -> tuple[ModelState, jax.Array]:
+        """Prefill [last reply token, reply_close, obs_open, OBS, obs_close] for rows going on, if the
+        chunk and a full reply still fit the buffer; returns the rows that fit."""
+        batch, R, L = nxt.shape[0], self.cfg.max_reply_tokens, self.cfg.max_len
+        width = self.fmt.turn_chunk_len(env.max_obs_len)
+        last = s.tokens[jnp.arange(batch), jnp.clip(s.cache_len, 0, L - 1)][:, None]
+        chunk, n = assemble(
+            [(last, jnp.ones((batch,), jnp.int32)), fixed(self.fmt.reply_close, batch)]
+            + self._obs_segments(obs, batch), width, self.fmt.pad_id,
+        )
+        fits = s.cache_len + n + R <= L
+        go = nxt & fits
+        n = jnp.where(go, n, 0)
+
+        next_logits, cache = self._prefill(chunk, n, s.cache_len, s.cache, tight=True, rows=self._rows(s),
+                                           prev=s.next_logits)
+        turn_ids = jnp.where(jnp.arange(width)[None, :] == 0, t, t + 1)
+        cache_len = s.cache_len + n
+        s = s.replace(
+            cache=cache, next_logits=next_logits,
+            tokens=write(s.tokens, s.cache_len, chunk, n),
+            turn_of_token=write(s.turn_of_token, s.cache_len, turn_ids, n),
+            cache_len=cache_len, n_tok=jnp.where(go, cache_len, s.n_tok),
+        )
+        return s, fits | ~nxt
+
+    def outputs(self, s: ModelState) -> dict[str, jax.Array]:
+        L = self.cfg.max_len
+        inside = jnp.arange(L)[None, :] < s.n_tok[:, None]
+        return dict(tokens=s.tokens, length=s.n_tok, loss_mask=s.loss_mask, logprobs=s.logprobs,
+                    turn_of_token=jnp.where(inside, s.turn_of_token, -1))
