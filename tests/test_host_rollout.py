@@ -199,3 +199,28 @@ def test_every_jax_env_through_the_python_path_equals_the_compiled_one(name, opt
     for f in FIELDS:
         np.testing.assert_array_equal(np.asarray(getattr(got.trajectory, f)), np.asarray(getattr(ref, f)), err_msg=f)
     assert (np.asarray(ref.action)[np.asarray(ref.turn_active)] >= 0).any()  # the policy really acts
+
+
+def test_host_programs_never_copy_the_kv_cache(setup):
+    """The host loop's jitted act, force (teacher forcing) and observe programs update the donated
+    KV cache in place: no instruction copies or transposes a cache-sized array (as in the compiled
+    rollout, `tests/test_rollout.py`)."""
+    from flax import nnx
+
+    from bmrl.rollout.host import _programs
+    from bmrl.rollout.model_policy import ModelPolicy
+    from tests.test_model_blocked import _cache_sized_copies
+
+    env, fmt, policy, cfg = setup
+    graphdef, params = nnx.split(policy)
+    programs = _programs(ModelPolicy(graphdef, fmt, cfg))
+    batch, width = 4, 16
+    obs, obs_len = jnp.zeros((batch, width), jnp.int32), jnp.full((batch,), 3, jnp.int32)
+    state = programs["start"](params, obs, obs_len, jax.random.split(jax.random.key(0), batch))
+    t, rows = jnp.int32(1), jnp.ones((batch,), bool)
+    reply, reply_len = jnp.zeros((batch, 2), jnp.int32), jnp.ones((batch,), jnp.int32)
+    size = state.cache[0][0].size
+    for name, args in (("act", (params, state, t, rows)), ("force", (params, state, reply, reply_len, t, rows)),
+                       ("observe", (params, state, obs, obs_len, t, rows))):
+        hlo = programs[name].lower(*args).compile().as_text()
+        assert _cache_sized_copies(hlo, size) == [], name
