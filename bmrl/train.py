@@ -39,7 +39,7 @@ from bmrl import build as policy_lib
 from bmrl import memory as memory_lib
 from bmrl.distributed import to_host
 from bmrl.checkpoint import Checkpointer, key_data, probe_writable
-from bmrl.learn import make_optimizer
+from bmrl.learn import optimizer_from_config
 from bmrl.learn import step as step_lib
 from bmrl.metrics import MetricsLogger, Progress, read_jsonl, to_scalar, write_json_atomic, write_jsonl_atomic
 from bmrl.parallel import make_mesh, param_shardings, shard_batch, state_shardings
@@ -171,12 +171,8 @@ def train(cfg, *, progress: bool | None = None, run: policy_lib.Run | None = Non
     batch = t.tasks_per_step * t.group_size
 
     graphdef, params = nnx.split(policy)
-    o = t.optim
     updates_per_step = t.epochs * t.minibatches
-    optimizer = make_optimizer(
-        o.lr, o.warmup_steps, max(t.steps * updates_per_step, o.warmup_steps + 1), o.weight_decay, o.b1, o.b2,
-        o.eps, o.max_grad_norm, o.schedule, o.min_lr_ratio, master_f32=t.f32_master,
-    )
+    optimizer = optimizer_from_config(t.optim, t.steps * updates_per_step, master_f32=t.f32_master)
     plan = memory_lib.plan_for_config(cfg, policy.config, mesh, optimizer)
     if jax.process_index() == 0:
         print(plan.table(), flush=True)

@@ -16,7 +16,7 @@ from flax import nnx
 
 from bmrl import budget as budget_lib
 from bmrl import config as config_lib
-from bmrl.learn import make_optimizer, skip_nonfinite
+from bmrl.learn import make_optimizer, optimizer_from_config, skip_nonfinite
 from bmrl.learn import step as step_lib
 from bmrl.model import ModelConfig, init_model
 from bmrl.rollout import Trajectory
@@ -268,15 +268,14 @@ def test_compile_count_constant_whatever_budgets(tmp_path):
     from bmrl.rollout import Injection, default_format, make_rollout
 
     cfg = tiny_cfg(tmp_path)
-    t, o = cfg.train, cfg.train.optim
+    t = cfg.train
     model, tok = policy_lib.load_policy(str(out / "policy"))
     env = policy_lib.make_env(cfg, tok)
     rcfg = policy_lib.rollout_config(cfg)
     mesh = make_mesh(policy_lib.mesh_config(cfg))
     graphdef, params = nnx.split(model)
     run = make_rollout(graphdef, env, default_format(env), rcfg)
-    tx = make_optimizer(o.lr, o.warmup_steps, max(t.steps * t.epochs * t.minibatches, o.warmup_steps + 1), o.weight_decay,
-                        o.b1, o.b2, o.eps, o.max_grad_norm, o.schedule, o.min_lr_ratio, master_f32=t.f32_master)
+    tx = optimizer_from_config(t.optim, t.steps * t.epochs * t.minibatches, master_f32=t.f32_master)
     param_sh = param_shardings(params, mesh)
     params = jax.device_put(params, param_sh)
     opt_state = step_lib.init_opt_state(tx, params)

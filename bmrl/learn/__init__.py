@@ -30,6 +30,7 @@ from bmrl.learn.optim import (
     all_finite,
     make_optimizer,
     make_schedule,
+    optimizer_from_config,
     skip_counts,
     skip_nonfinite,
 )
@@ -48,6 +49,7 @@ __all__ = [
     "grpo_advantages",
     "make_optimizer",
     "make_schedule",
+    "optimizer_from_config",
     "normalize_turn_values",
     "pg_loss",
     "ppo_loss",

@@ -118,6 +118,17 @@ def make_optimizer(
     return skip_nonfinite(tx) if skip_nonfinite_updates else optax.with_extra_args_support(tx)
 
 
+def optimizer_from_config(
+    optim: Any, updates: int, *, master_f32: bool = False
+) -> optax.GradientTransformationExtraArgs:
+    """`make_optimizer` from an `optim` config section (`train.optim`, `sft.optim`) for a run of
+    `updates` optimizer updates (the schedule spans max(updates, warmup_steps + 1)): the one place a
+    section becomes an optimizer, for the training loop, SFT and the tests that rebuild their programs."""
+    o = optim
+    return make_optimizer(o.lr, o.warmup_steps, max(updates, o.warmup_steps + 1), o.weight_decay, o.b1, o.b2,
+                          o.eps, o.max_grad_norm, o.schedule, o.min_lr_ratio, master_f32=master_f32)
+
+
 class F32MasterState(NamedTuple):
     """State of `f32_master`: the float32 copy of the parameters and the wrapped state (over it)."""
 

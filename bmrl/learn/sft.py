@@ -32,7 +32,7 @@ from flax import nnx
 from bmrl.config import Config, to_yaml
 from bmrl.learn.demos import Demos, demo_tokens_needed, longest_reply, make_demos
 from bmrl.learn.logprobs import token_logprobs
-from bmrl.learn.optim import make_optimizer
+from bmrl.learn.optim import optimizer_from_config
 
 
 def sft_loss(
@@ -166,11 +166,7 @@ def run_sft(cfg: Config, *, log: Callable[[str], Any] = print, return_model: boo
     check_demos(cfg, env)  # a Python env must name its oracle's next action
     cap = fitting_cap(cfg, env, fmt, run.budget.max_cap)  # the largest training cap that fits
     demo_len = cfg.rollout.max_len if python else min(cfg.rollout.max_len, demo_tokens_needed(env, fmt, s.demo_turns))
-    o = s.optim
-    tx = make_optimizer(
-        lr=o.lr, warmup_steps=o.warmup_steps, total_steps=max(s.steps, o.warmup_steps + 1), weight_decay=o.weight_decay,
-        b1=o.b1, b2=o.b2, eps=o.eps, max_grad_norm=o.max_grad_norm, schedule=o.schedule, min_lr_ratio=o.min_lr_ratio,
-    )
+    tx = optimizer_from_config(s.optim, s.steps)
 
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
