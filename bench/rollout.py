@@ -136,9 +136,9 @@ def main() -> None:
     by_turns = {n: run(16, np.full(16, n), base) for n in (8, 16, 32)}
     out["t16_over_t8"] = round(by_turns[16]["seconds"] / by_turns[8]["seconds"], 3)
     out["t32_over_t16"] = round(by_turns[32]["seconds"] / by_turns[16]["seconds"], 3)
-    # What the model itself allows: twice the turns at a longer mean context cost the plain decode loop
+    # What the model itself costs: twice the turns at a longer mean context cost the plain decode loop
     # 2 x (its time per token at the longer context / at the shorter one). Attention over the context is
-    # part of every token's cost, so no rollout can be more linear than this; above it is waste.
+    # part of every decoded token's cost; a rollout, which prefills most of its tokens, grows less.
     rate = {n: decode_ceiling(policy, 16, int(by_turns[n]["mean_context"]), 64, max_len, repeats) for n in (8, 16, 32)}
     out["ceiling_t16_over_t8"] = round(2 * rate[8] / rate[16], 3)
     out["ceiling_t32_over_t16"] = round(2 * rate[16] / rate[32], 3)

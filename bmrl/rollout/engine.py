@@ -15,7 +15,6 @@ as the benchmark baseline and correctness oracle).
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import jax
@@ -28,7 +27,7 @@ from bmrl.envs.base import INVALID, Env
 from bmrl.formats import Format
 from bmrl.rollout.model_policy import ModelPolicy
 from bmrl.rollout.policies import ScriptedPolicy, as_policy
-from bmrl.rollout.tokens import select
+from bmrl.rollout.tokens import select, take
 from bmrl.rollout.types import (
     ENV_STREAM,
     INJECT_STREAM,
@@ -177,7 +176,7 @@ def make_episode(policy: Any, env: Env, cfg: RolloutConfig, record_obs: bool = F
         )
         sizes = cfg.buckets(batch) if getattr(policy, "compactable", False) else (batch,)
         c = play_compacting(carry, lambda c: turn(c, bound, inject), sizes, Tm, getattr(bound, "strip", None),
-                            getattr(bound, "take_rows", None))
+                            getattr(bound, "take_rows", take))
         r = c.turns
         # Progress after the last turn is carried to the end, however early the row finished.
         last = jnp.minimum(jnp.arange(Tm + 1)[None, :], c.turns_used[:, None])
@@ -196,11 +195,7 @@ def make_episode(policy: Any, env: Env, cfg: RolloutConfig, record_obs: bool = F
     return compiles.counted_jit(run, name=name)
 
 
-def _take(keep: jax.Array, leaf: jax.Array) -> jax.Array:
-    return leaf[keep]
-
-
-def play_compacting(carry: Carry, turn, sizes: tuple[int, ...], max_turns: int, strip=None, take_rows=None) -> Carry:
+def play_compacting(carry: Carry, turn, sizes: tuple[int, ...], max_turns: int, strip=None, take_rows=take) -> Carry:
     """Run `turn` until no row is active or `max_turns`, at batch sizes `sizes` (static, decreasing).
 
     At `sizes[i]` rows the loop runs while more than `sizes[i + 1]` rows are active; then the active
@@ -231,9 +226,8 @@ def play_compacting(carry: Carry, turn, sizes: tuple[int, ...], max_turns: int, 
         out = jax.tree.map(lambda o, w: o.at[idx].set(w), out, results(work))
         if nxt:
             keep = jnp.argsort(~work.active, stable=True)[:nxt]  # active rows first
-            gather = functools.partial(jax.tree.map, functools.partial(_take, keep))
-            pstate = take_rows(work.policy_state, keep) if take_rows else gather(work.policy_state)
-            work = gather(rows(work.replace(policy_state=None))).replace(t=work.t, policy_state=pstate)
+            pstate = take_rows(work.policy_state, keep)
+            work = take(rows(work.replace(policy_state=None)), keep).replace(t=work.t, policy_state=pstate)
     return out.replace(t=work.t)
 
 

@@ -19,7 +19,7 @@ from flax import nnx, struct
 
 from bmrl.envs.base import Env
 from bmrl.formats import Format
-from bmrl.rollout.tokens import assemble, fixed, parse_replies, write
+from bmrl.rollout.tokens import assemble, fixed, parse_replies, take, write
 from bmrl.rollout.types import TOKEN_STREAM, RolloutConfig, stream
 from bmrl.sampling import policy_logprobs, sample
 
@@ -55,10 +55,10 @@ class ModelPolicy:
 
 def run_once(pred: jax.Array, fn: Callable, carry: Any) -> Any:
     """`fn(carry)` if `pred` else `carry`, as a loop that runs once or not at all. Not `lax.cond`: XLA
-    copies a KV cache passed through a conditional's branches whole, on every call (in the rollout:
-    two copies of the cache per turn, which made rollouts 1.1-1.3x slower on 2 idle CPU cores), while
-    a loop's carry is updated in place (`tests/test_rollout.py` checks the compiled rollout for
-    cache-sized copies)."""
+    copied the KV cache whole through the rollout's conditionals (nested ones, and ones inside the turn
+    loop: two copies per turn, which made rollouts 1.1-1.3x slower on 2 idle CPU cores), while a loop's
+    carry is updated in place (`tests/test_rollout.py` and `tests/test_host_rollout.py` check the
+    compiled programs for cache-sized copies)."""
 
     def body(c):
         return jnp.bool_(False), fn(c[1])
@@ -109,8 +109,7 @@ class _BoundModel:
     def take_rows(self, s: ModelState, keep: jax.Array) -> ModelState:
         """Rows `keep` of the batch (compaction): every per-row array is gathered, the KV cache is not
         (it stays in place, read and written through `slot`), so a compaction step copies no cache."""
-        kept = jax.tree.map(lambda x: x[keep], s.replace(cache=None))
-        return kept.replace(cache=s.cache)
+        return take(s.replace(cache=None), keep).replace(cache=s.cache)
 
     def _prefill(self, chunk: jax.Array, n: jax.Array, offsets: jax.Array, cache, tight: bool = False,
                  rows: jax.Array | None = None, prev: jax.Array | None = None):

@@ -51,6 +51,11 @@ def fixed(frag: np.ndarray, batch: int) -> tuple[jax.Array, jax.Array]:
     return toks, jnp.full((batch,), len(frag), jnp.int32)
 
 
+def take(tree: Any, keep: jax.Array) -> Any:
+    """Rows `keep: int[K]` of a pytree whose leaves lead with the batch axis."""
+    return jax.tree.map(lambda x: x[keep], tree)
+
+
 def select(mask: jax.Array, new: Any, old: Any) -> Any:
     """Per-row select over pytrees whose leaves lead with the batch axis."""
 
