@@ -7,6 +7,8 @@ Three programs sample `--new` tokens at temperature 1 for `--batch` rows of `--p
   created inside the program (no host round trips, no copies in or out).
 - `generate`: `bmrl.generate.generate` on the same prompts and keys (token-identical output).
 - `generate_prefix`: the same prompts after a `--prefix`-token shared prompt (prefilled once).
+- `plain_loop_long_prompt`: the plain loop on prompts of prefix + prompt tokens: what the longer
+  context costs a plain loop (`plain_long_over_plain`, beside `prefix_over_plain_prompt`).
 Compile time is excluded (one warm-up call each); calls are interleaved and the best of `--repeats`
 is kept, so machine load hits all programs alike. Tokens/s counts sampled tokens only.
 Last line: JSON with `generate_over_plain` (target >= 1.2) and `prefix_over_plain_prompt` (>= 0.9).
@@ -77,8 +79,12 @@ def main() -> None:
     keys = jax.random.split(jax.random.key(0), args.batch)
     cfg = SamplingConfig(temperature=1.0)
     plain = make_plain_loop(graphdef, args.batch, args.prompt, args.new, cfg)
+    long_prompts = jnp.concatenate([jnp.broadcast_to(jnp.asarray(prefix, jnp.int32), (args.batch, args.prefix)),
+                                    prompts], axis=1)
+    plain_long = make_plain_loop(graphdef, args.batch, args.prefix + args.prompt, args.new, cfg)
     programs = {
         "plain_loop": lambda: plain(state, prompts, keys)[0],
+        "plain_loop_long_prompt": lambda: plain_long(state, long_prompts, keys)[0],
         "generate": lambda: generate(model, prompts, max_new_tokens=args.new, key=keys, sampling=cfg).tokens,
         "generate_prefix": lambda: generate(model, prompts, max_new_tokens=args.new, key=keys, sampling=cfg,
                                             prefix=prefix).tokens,
@@ -99,12 +105,15 @@ def main() -> None:
         "tokens_per_s": {k: round(v, 1) for k, v in rate.items()},
         "generate_over_plain": round(rate["generate"] / rate["plain_loop"], 3),
         "prefix_over_plain_prompt": round(rate["generate_prefix"] / rate["generate"], 3),
+        # The same longer context costs the plain loop this much (its own prompt is prefix + prompt):
+        # what attending to the extra keys costs the model itself.
+        "plain_long_over_plain": round(rate["plain_loop_long_prompt"] / rate["plain_loop"], 3),
         "same_tokens_as_plain": bool((first["generate"] == first["plain_loop"]).all()),
         "recompiles_while_timing": sum(compiles.counts().values()),
     }
     print(f"tokens/s on {result['backend']} (shared machine: compare ratios, not absolutes)")
     for name, r in rate.items():
-        print(f"  {name:<16} {r:>10.1f}")
+        print(f"  {name:<24} {r:>10.1f}")
     print(json.dumps(result))
 
 
