@@ -130,6 +130,17 @@ def _check_resume_config(saved: dict | None, cfg) -> list[str]:
     return config_lib.changed_keys(saved, config_lib.to_dict(cfg), ignore=("out_dir", "train.steps"))
 
 
+
+def place_learner(optimizer, params: Any, mesh) -> tuple[Any, Any, tuple[Any, Any]]:
+    """The learner's pinned layouts: `params` placed on `mesh` by the partition rules and a fresh
+    optimizer state following them (bmrl.parallel). Returns (params, opt_state, (param_shardings,
+    opt_state_shardings)); the update program is compiled for exactly these shardings."""
+    param_sh = param_shardings(params, mesh)
+    params = jax.device_put(params, param_sh)
+    opt_state = step_lib.init_opt_state(optimizer, params)
+    opt_sh = state_shardings(opt_state, mesh)
+    return params, jax.device_put(opt_state, opt_sh), (param_sh, opt_sh)
+
 def train(cfg, *, progress: bool | None = None, run: policy_lib.Run | None = None,
           on_step: Callable[[int, int], Any] | None = None, evaluate: bool = True) -> dict:
     """Run RL training for `cfg` (a validated `bmrl.config.Config`); returns the summary dict.
@@ -177,12 +188,7 @@ def train(cfg, *, progress: bool | None = None, run: policy_lib.Run | None = Non
     if jax.process_index() == 0:
         print(plan.table(), flush=True)
     plan.check()  # MemoryPlanError (a ConfigError, exit 2) before anything big is allocated
-    # Pinned layouts: params by the partition rules, optimizer state following them (bmrl.parallel).
-    param_sh = param_shardings(params, mesh)
-    params = jax.device_put(params, param_sh)
-    opt_state = step_lib.init_opt_state(optimizer, params)
-    opt_sh = state_shardings(opt_state, mesh)
-    opt_state = jax.device_put(opt_state, opt_sh)
+    params, opt_state, (param_sh, opt_sh) = place_learner(optimizer, params, mesh)
     ref_params = jax.tree.map(jnp.copy, params) if t.kl_coef > 0 else None
     base_key = jax.random.key(cfg.seed)
 

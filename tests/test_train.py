@@ -261,11 +261,12 @@ def test_compile_count_constant_whatever_budgets(tmp_path):
     assert (out / "tb").is_dir() and os.listdir(out / "tb")
 
     # Caps are data: fixed, mix and uniform budgets through the same compiled programs. The rollout and
-    # the update are built and placed as the loop builds them (bmrl.train: its optimizer, its 1-device
-    # mesh's shardings), so their XLA programs are the run's own, loaded from the session's compile cache.
+    # the update are built and placed as the loop builds them (bmrl.train: its optimizer, `place_learner`
+    # on its 1-device mesh), so their XLA programs are the run's own, loaded from the session's compile cache.
     from bmrl import build as policy_lib
-    from bmrl.parallel import make_mesh, param_shardings, shard_batch, state_shardings
+    from bmrl.parallel import make_mesh, shard_batch
     from bmrl.rollout import Injection, default_format, make_rollout
+    from bmrl.train import place_learner
 
     cfg = tiny_cfg(tmp_path)
     t = cfg.train
@@ -276,12 +277,8 @@ def test_compile_count_constant_whatever_budgets(tmp_path):
     graphdef, params = nnx.split(model)
     run = make_rollout(graphdef, env, default_format(env), rcfg)
     tx = optimizer_from_config(t.optim, t.steps * t.epochs * t.minibatches, master_f32=t.f32_master)
-    param_sh = param_shardings(params, mesh)
-    params = jax.device_put(params, param_sh)
-    opt_state = step_lib.init_opt_state(tx, params)
-    opt_sh = state_shardings(opt_state, mesh)
-    opt_state = jax.device_put(opt_state, opt_sh)
-    update = step_lib.make_update(graphdef, tx, t, rcfg.sampling.temperature, shardings=(param_sh, opt_sh))
+    params, opt_state, shardings = place_learner(tx, params, mesh)
+    update = step_lib.make_update(graphdef, tx, t, rcfg.sampling.temperature, shardings=shardings)
     tasks = shard_batch({"seed": jnp.arange(4, dtype=jnp.int32) * 2}, mesh)
     for i, b in enumerate([budget_lib.fixed(1), budget_lib.mix([1, 3], [0.5, 0.5]), budget_lib.uniform(1, 3)]):
         caps = shard_batch(b.sample(jax.random.key(i), 4, 2), mesh)
