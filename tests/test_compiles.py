@@ -1,0 +1,31 @@
+"""`bmrl.compiles.program`: one build per static key, whatever the key's hash does."""
+
+from __future__ import annotations
+
+from bmrl import compiles
+
+
+class _Collide:
+    """A key whose hash is the same for every value (equality still tells them apart)."""
+
+    def __init__(self, value: int):
+        self.value = value
+
+    def __hash__(self) -> int:
+        return 7
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Collide) and other.value == self.value
+
+
+def test_program_builds_once_per_key_and_tells_colliding_keys_apart():
+    builds = []
+
+    def build(tag):
+        return lambda: builds.append(tag) or tag
+
+    a = compiles.program("test_program", (_Collide(1), "x"), build("a"))
+    assert compiles.program("test_program", (_Collide(1), "x"), build("a again")) == "a"  # equal key: cached
+    b = compiles.program("test_program", (_Collide(2), "x"), build("b"))  # same hash, different key: built
+    other_name = compiles.program("other_program", (_Collide(1), "x"), build("c"))  # the name is part of the key
+    assert (a, b, other_name) == ("a", "b", "c") and builds == ["a", "b", "c"]
