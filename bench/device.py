@@ -6,9 +6,11 @@
 Random weights (the shape is what costs). Every figure is measured side by side in this one run:
 - device references: copy bandwidth (a jitted `x + 1` over a large array: bytes read + written / time)
   and bfloat16 matmul throughput (`jnp.dot` n x n, 2 n^3 / time);
-- decode: one token per sequence per step with `Decoder.extend` in a `lax.fori_loop` over a KV cache
-  of the rollout's length. Bytes read per step = parameters + the whole KV cache (attention reads the
-  full buffer); roofline fraction = (bytes per step / step time) / copy bandwidth. Target >= 0.6;
+- decode: one token per sequence per step with `Decoder.extend` in a `lax.fori_loop`, after a prompt
+  of half the rollout's buffer (its mean live context when it fills it), for attention blocks of the
+  rollout's `attention_block` and of `--blocks` keys. Bytes read per step = parameters + the KV-cache
+  blocks attention reads (whole blocks up to the live context; the whole buffer at block 0); roofline
+  fraction = (bytes per step / step time) / copy bandwidth. Target >= 0.6;
 - rollout: the compiled multi-turn rollout (`bmrl.rollout.make_rollout`) on the corridor environment,
   every sequence running all turns (random weights rarely stop early): generated tokens/s;
 - train step: `bmrl.learn.step.make_update` (GRPO advantages, PPO loss, AdamW) on a synthetic full
@@ -85,33 +87,52 @@ def tree_bytes(tree) -> int:
 
 
 # ---------------------------------------------------------------- decode
-def bench_decode(graphdef, params, batch: int, max_len: int, steps: int, bandwidth: float) -> dict:
-    """`steps` single-token decode steps over a [batch, max_len] KV cache; the bandwidth roofline."""
+def kv_bytes_read(cfg: ModelConfig, batch: int, max_len: int, live: int, block: int) -> int:
+    """KV-cache bytes one decode step reads when the longest row holds `live` tokens: attention reads
+    whole blocks of `block` keys up to the live context (the whole buffer when block = 0 or the
+    buffer is shorter than two blocks, as `bmrl.model.attention.attend_cache` does)."""
+    keys = max_len if block <= 0 or max_len < 2 * block else min(max_len, -(-live // block) * block)
+    return 2 * cfg.num_hidden_layers * batch * keys * cfg.num_key_value_heads * cfg.head_dim * jnp.dtype(cfg.dtype).itemsize
+
+
+def bench_decode(graphdef, params, batch: int, max_len: int, context: int, steps: int, bandwidth: float,
+                 block: int) -> dict:
+    """`steps` one-token decode steps per row after a `context`-token prompt, attention in blocks of
+    `block` keys; the bandwidth roofline. Two programs side by side: prompt + decode, and the prompt
+    alone; the decode time is their difference (the cache is made inside, so nothing is copied in)."""
     cfg = nnx.merge(graphdef, params).config
+    ones = jnp.ones((batch,), jnp.int32)
+
+    def prompt(params, tokens):
+        model = nnx.merge(graphdef, params)
+        logits, cache = model.extend(tokens, ones * context, ones * 0, model.init_cache(batch, max_len),
+                                     last_only=True, block_size=block)
+        return model, jnp.argmax(logits[:, -1], -1).astype(jnp.int32)[:, None], cache
 
     @jax.jit
-    def decode(params, tokens):
-        model = nnx.merge(graphdef, params)
-        cache = model.init_cache(batch, max_len)
-        lengths = jnp.ones((batch,), jnp.int32)
+    def prompt_only(params, tokens):
+        return prompt(params, tokens)[1]
+
+    @jax.jit
+    def prompt_and_decode(params, tokens):
+        model, tok, cache = prompt(params, tokens)
 
         def step(i, carry):
             tok, cache = carry
-            logits, cache = model.extend(tok, lengths, jnp.full((batch,), i, jnp.int32), cache)
+            logits, cache = model.extend(tok, ones, ones * (context + i), cache, block_size=block)
             return jnp.argmax(logits[:, -1], -1).astype(jnp.int32)[:, None], cache
 
-        tok, cache = jax.lax.fori_loop(0, steps, step, (tokens, cache))
-        return tok
+        return jax.lax.fori_loop(0, steps, step, (tok, cache))[0]
 
-    tokens = jnp.zeros((batch, 1), jnp.int32)
+    tokens = jnp.ones((batch, context), jnp.int32)
     t = time.perf_counter()
-    jax.block_until_ready(decode(params, tokens))
+    jax.block_until_ready(prompt_and_decode(params, tokens))
     compile_s = time.perf_counter() - t
-    total = best_time(decode, params, tokens)
-    step_s = total / steps
-    kv_bytes = 2 * cfg.num_hidden_layers * batch * max_len * cfg.num_key_value_heads * cfg.head_dim * \
-        jnp.dtype(cfg.dtype).itemsize
-    per_step = tree_bytes(params) + kv_bytes
+    jax.block_until_ready(prompt_only(params, tokens))
+    total, first = best_time(prompt_and_decode, params, tokens), best_time(prompt_only, params, tokens)
+    step_s = max(total - first, 1e-9) / steps
+    kv = sum(kv_bytes_read(cfg, batch, max_len, context + i + 1, block) for i in range(steps)) / steps
+    per_step = tree_bytes(params) + kv
     return {"decode_compile_s": round(compile_s, 2), "decode_step_ms": round(1e3 * step_s, 3),
             "decode_tokens_per_s": round(batch / step_s, 1), "decode_bytes_per_step": int(per_step),
             "decode_roofline": round(per_step / step_s / bandwidth, 3)}
@@ -216,6 +237,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--turns", type=int, default=None, help="turns per episode (default 16; smoke 2)")
     ap.add_argument("--reply", type=int, default=None, help="tokens per reply (default 32; smoke 4)")
     ap.add_argument("--decode-steps", type=int, default=None, help="timed decode steps (default 64; smoke 8)")
+    ap.add_argument("--decode-context", type=int, default=None, help="prompt tokens before decoding (default max_len / 2)")
+    ap.add_argument("--blocks", default="64,256,0",
+                    help="attention blocks (keys; 0 = the whole buffer) to time decode at, besides the rollout's")
     ap.add_argument("--device-memory-gb", type=float, default=0.0, help="override the device memory for the plan")
     args = ap.parse_args(argv)
     smoke = args.cpu_smoke
@@ -249,10 +273,20 @@ def main(argv: list[str] | None = None) -> dict:
     max_len = setup[2].max_len
     out["max_len"] = max_len
 
-    out.update(bench_decode(graphdef, params, batch, max_len, steps, bandwidth))
-    print(f"decode: {out['decode_tokens_per_s']} tokens/s, {out['decode_step_ms']} ms/step, "
-          f"{out['decode_roofline']:.0%} of the copy-bandwidth roofline (target {TARGET_DECODE_ROOFLINE:.0%})",
-          flush=True)
+    context = args.decode_context or max_len // 2  # a rollout's mean live context when it fills its buffer
+    out["decode_context"] = context
+    block = setup[2].attention_block  # the rollout's (config rollout.attention_block)
+    blocks = [block] + [b for b in (int(x) for x in args.blocks.split(",") if x.strip()) if b != block]
+    for b in blocks:
+        d = bench_decode(graphdef, params, batch, max_len, context, steps, bandwidth, b)
+        if b == block:
+            out.update(d)
+        out[f"decode_roofline_block{b}"], out[f"decode_tokens_per_s_block{b}"] = d["decode_roofline"], d["decode_tokens_per_s"]
+        print(f"decode, {f'blocks of {b} keys' if b else 'the whole buffer'}: {d['decode_tokens_per_s']} tokens/s, {d['decode_step_ms']} ms/step, "
+              f"{d['decode_roofline']:.0%} of the copy-bandwidth roofline (target {TARGET_DECODE_ROOFLINE:.0%})",
+              flush=True)
+    out["decode_block"] = block
+    out["decode_best_block"] = max(blocks, key=lambda b: out[f"decode_tokens_per_s_block{b}"])
     stats, traj = bench_rollout(graphdef, params, setup, mesh)
     out.update(stats)
     print(f"rollout: {out['rollout_tokens_per_s']} generated tokens/s ({out['rollout_sampled_tokens']} tokens, "

@@ -293,7 +293,7 @@ def rollout_config(cfg: Config, for_eval: bool = False):
         max_reply_tokens=r.max_reply_tokens,
         max_len=r.max_len,
         sampling=SamplingConfig(temperature=temperature, top_k=r.top_k, top_p=r.top_p),
-        compact_min_rows=r.compact_min_rows, compact_steps=r.compact_steps,
+        compact_min_rows=r.compact_min_rows, compact_steps=r.compact_steps, attention_block=r.attention_block,
     )
 
 

@@ -59,6 +59,7 @@ ERRORS = {
     "sft lr": ("", ["sft.optim.lr=0"], "sft.optim.lr", "must be > 0"),
     "gamma": ("", ["train.gamma=1.5"], "train.gamma", "must be in (0, 1]"),
     "top_p": ("", ["rollout.top_p=0"], "rollout.top_p", "must be in (0, 1]"),
+    "attention block": ("", ["rollout.attention_block=-8"], "rollout.attention_block", "must be >= 0"),
     "noise": ("", ["sft.noise=1"], "sft.noise", "must be in [0, 1)"),
     "model heads": ("", ["model.num_attention_heads=3"], "model.num_attention_heads", "does not divide hidden_size=64"),
     "dtype": ("", ["model.dtype=float16"], "model.dtype", "choose one of: float32, bfloat16"),

@@ -24,6 +24,23 @@ def test_device_bench_cpu_smoke():
     assert 0 < out["rollout_sampled_tokens"] <= 8 * 2 * 4
     assert out["train_loss_finite"] and out["train_compiles"] == 1
     assert "memory plan per device" in res.stdout and "MFU" in res.stdout and "roofline" in res.stdout
-    # decode bytes per step: the parameters + the whole KV cache (2 x layers x batch x max_len x kv heads x head dim)
-    kv = 2 * 2 * 8 * out["max_len"] * 2 * 16 * 4
-    assert out["decode_bytes_per_step"] == out["params"] * 4 + kv
+    # decode bytes per step: the parameters + the KV-cache blocks read (2 x layers x batch x keys x kv heads x
+    # head dim x 4 bytes): 8 steps after a 96-token prompt in a 192-token buffer hold 97..104 live keys, two
+    # 64-key blocks, so 128 keys are read (not the 192 of the buffer)
+    assert out["max_len"] == 192 and out["decode_context"] == 96
+    assert out["decode_bytes_per_step"] == out["params"] * 4 + 2 * 2 * 8 * 128 * 2 * 16 * 4
+    assert out["decode_block"] == 64 and {"decode_roofline_block0", "decode_roofline_block256"} <= set(out)
+
+
+def test_decode_bytes_follow_the_blocks_read():
+    """The roofline's KV bytes: whole blocks up to the live context, the whole buffer at block 0."""
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    from device import kv_bytes_read, tiny
+
+    cfg = tiny("float32")  # 2 layers, 2 kv heads, head dim 16, 4 bytes
+    per_key = 2 * 2 * 2 * 16 * 4
+    assert kv_bytes_read(cfg, 1, 1024, 65, 64) == 128 * per_key  # 65 live keys: two blocks of 64
+    assert kv_bytes_read(cfg, 3, 1024, 64, 64) == 3 * 64 * per_key
+    assert kv_bytes_read(cfg, 1, 1024, 65, 0) == 1024 * per_key  # block 0: the whole buffer
+    assert kv_bytes_read(cfg, 1, 100, 10, 64) == 100 * per_key  # a buffer under two blocks is read whole
+    assert kv_bytes_read(cfg, 1, 1000, 999, 256) == 1000 * per_key  # never past the buffer

@@ -78,6 +78,7 @@ class RolloutCfg:
     top_p: float = 1.0  # nucleus sampling mass in (0, 1] (1 = off)
     compact_min_rows: int = 0  # finished rows leave the batch, down to this many rows (0 = off)
     compact_steps: int = 8  # the batch shrinks in steps of 1/compact_steps of it (each step: one more loop to compile)
+    attention_block: int = 64  # keys per attention block over the KV cache (64: fastest on CPU; accelerators may want more; 0 = whole buffer)
 
 
 @dataclass

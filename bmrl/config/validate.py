@@ -307,7 +307,7 @@ def validate(cfg: Config) -> None:
     check_caps("budget", cap_range(b), r.max_turns, "raise max_turns or lower the budget")
     if r.temperature < 0:
         raise ConfigError("rollout.temperature", f"must be >= 0 (0 = greedy), got {r.temperature}.")
-    _positive(r, "rollout", ("top_k", "compact_min_rows"), minimum=0)
+    _positive(r, "rollout", ("top_k", "compact_min_rows", "attention_block"), minimum=0)
     _positive(r, "rollout", ("compact_steps",))
     _in_range("rollout.top_p", r.top_p, 0, 1, lo_open=True)
     _check_format(cfg.format)

@@ -46,7 +46,8 @@ def _make_generate(graphdef: nnx.GraphDef, fmt: Format, cfg: RolloutConfig):
         batch = context.shape[0]
         cache = model.init_cache(batch, context.shape[1] + R)
         n = jnp.where(active, lengths, 0)
-        logits, cache = model.extend(context, n, jnp.zeros((batch,), jnp.int32), cache, last_only=True)
+        logits, cache = model.extend(context, n, jnp.zeros((batch,), jnp.int32), cache, last_only=True,
+                                     block_size=cfg.attention_block)
         next_logits = logits[:, 0]
         reply = jnp.full((batch, R), fmt.pad_id, jnp.int32)
         logp = jnp.zeros((batch, R), jnp.float32)
@@ -64,7 +65,7 @@ def _make_generate(graphdef: nnx.GraphDef, fmt: Format, cfg: RolloutConfig):
             logp = logp.at[:, i].set(jnp.where(sampled, lp, 0.0))
             sampled_mask = sampled_mask.at[:, i].set(sampled)
             cont = decoding & ~is_stop & ~forced
-            lg, cache = model.extend(tok[:, None], cont.astype(jnp.int32), pos, cache)
+            lg, cache = model.extend(tok[:, None], cont.astype(jnp.int32), pos, cache, block_size=cfg.attention_block)
             next_logits = jnp.where(cont[:, None], lg[:, 0], next_logits)
             return cache, next_logits, pos + cont, cont, reply, logp, sampled_mask
 

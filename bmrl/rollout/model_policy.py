@@ -87,7 +87,8 @@ class _BoundModel:
             return self.start_from_context(obs_chunk, n_obs, keys, jnp.zeros((1, width), jnp.int32))
         prefix = jnp.asarray(self.fmt.prefix, jnp.int32)[None, :]
         one = jnp.ones((1,), jnp.int32)
-        _, shared = self.model.extend(prefix, one * P, one * 0, self.model.init_cache(1, self.cfg.max_len))
+        _, shared = self.model.extend(prefix, one * P, one * 0, self.model.init_cache(1, self.cfg.max_len),
+                                      block_size=self.cfg.attention_block)
         cache = jax.tree.map(lambda x: jnp.broadcast_to(x, (batch,) + x.shape[1:]), shared)
         offsets = jnp.full((batch,), P, jnp.int32)
         logits, cache = self._prefill(obs_chunk, n_obs, offsets, cache)
@@ -129,7 +130,8 @@ class _BoundModel:
         def at(w):
             def go(carry):
                 cache, prev_logits = carry
-                lg, cache = self.model.extend(chunk[:, :w], n, offsets, cache, last_only=True, cache_rows=rows)
+                lg, cache = self.model.extend(chunk[:, :w], n, offsets, cache, last_only=True, cache_rows=rows,
+                                              block_size=self.cfg.attention_block)
                 return cache, jnp.where((n > 0)[:, None], lg[:, 0], prev_logits)
             return go
 
@@ -149,7 +151,8 @@ class _BoundModel:
         zeros = jnp.zeros((batch,), jnp.int32)
         turn_ids = jnp.zeros((1, context.shape[1]), jnp.int32) if turn_ids is None else turn_ids
         cache = self.model.init_cache(batch, L)
-        logits, cache = self.model.extend(context, lengths, zeros, cache, last_only=True)
+        logits, cache = self.model.extend(context, lengths, zeros, cache, last_only=True,
+                                          block_size=self.cfg.attention_block)
         f32 = jnp.zeros((batch, L), jnp.float32)
         return ModelState(
             cache=cache, next_logits=logits[:, 0], cache_len=lengths, n_tok=lengths,
@@ -186,7 +189,7 @@ class _BoundModel:
             def feed(args):
                 cache, _ = args
                 lg, cache = model.extend(tok[:, None], cont.astype(jnp.int32), s.cache_len, cache,
-                                         cache_rows=self._rows(s))
+                                         cache_rows=self._rows(s), block_size=self.cfg.attention_block)
                 return cache, lg[:, 0]
 
             cache, next_logits = run_once(jnp.any(cont), feed, (s.cache, s.next_logits))
@@ -217,7 +220,8 @@ class _BoundModel:
 
         def feed(carry):
             cache, _ = carry
-            lg, cache = self.model.extend(reply, n, s.cache_len, cache, cache_rows=self._rows(s))
+            lg, cache = self.model.extend(reply, n, s.cache_len, cache, cache_rows=self._rows(s),
+                                         block_size=self.cfg.attention_block)
             return cache, lg
 
         no_logits = jnp.zeros((batch, W, s.next_logits.shape[-1]), jnp.float32)

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from bmrl.model.attention import BLOCK_SIZE
 from bmrl.sampling import SamplingConfig
 
 # Key derivation of one row (shared by every policy and the environment, so that a model rollout,
@@ -66,6 +67,9 @@ class RolloutConfig:
     max_reply_tokens: per-turn limit of sampled tokens, the stop token included; a reply that
       reaches it without a stop token gets one appended (not sampled, not trained on).
     max_len: L, the context buffer of each sequence (KV cache and token arrays).
+    attention_block: keys per step of the blocked attention over the KV cache (static; the loop over
+      blocks stops at the longest live row). 64 was fastest on CPU; an accelerator may want more
+      (`bench/device.py` times several); 0 reads the whole buffer in one step.
     """
 
     max_turns: int
@@ -75,6 +79,7 @@ class RolloutConfig:
     format_reward: float = 0.0  # added to a turn's reward when its reply breaks the format (< 0 penalises)
     compact_min_rows: int = 0  # live-row compaction: the smallest batch finished rows shrink it to (0 = off)
     compact_steps: int = 8  # compaction shrinks the batch in steps of 1/compact_steps of it (see `buckets`)
+    attention_block: int = BLOCK_SIZE  # keys per attention block over the KV cache (0 = the whole buffer)
 
     def __post_init__(self) -> None:
         for name in ("max_turns", "max_reply_tokens", "max_len"):
@@ -84,6 +89,9 @@ class RolloutConfig:
             raise RolloutError(f"RolloutConfig.compact_min_rows must be >= 0 (0 = off), got {self.compact_min_rows}.")
         if self.compact_steps < 1:
             raise RolloutError(f"RolloutConfig.compact_steps must be >= 1 (2 = halving), got {self.compact_steps}.")
+        if self.attention_block < 0:
+            raise RolloutError(f"RolloutConfig.attention_block must be >= 0 (keys per block; 0 = the whole buffer), "
+                               f"got {self.attention_block}.")
 
     def buckets(self, batch: int) -> tuple[int, ...]:
         """The static batch sizes a compacting rollout of `batch` rows runs at (just `(batch,)` when
