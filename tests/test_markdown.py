@@ -110,7 +110,8 @@ def test_table_refuses_ragged_rows_and_bad_alignment():
 
 def test_reproduce_tables_parse():
     """The table that printed `P(success|error)` unescaped (0 tables parsed) now parses."""
-    from bmrl.reproduce import BASE, summary_table
+    from bmrl.eval.findings import BASE
+    from bmrl.eval.study_report import summary_table
 
     rng = np.random.default_rng(0)
     ks, ts = (1, 2), (4, 8)

@@ -8,7 +8,9 @@ import pytest
 
 from bmrl.cli import main
 from bmrl.config import load
-from bmrl.reproduce import BASE, finding_sentences, findings, stage_config, summary_table
+from bmrl.eval.findings import BASE, findings
+from bmrl.eval.study_report import finding_sentences, summary_table
+from bmrl.reproduce import stage_config
 from bmrl.stages import StageProgress, run_stage
 
 KS, TS = (1, 2), (4, 8)
@@ -104,7 +106,7 @@ def test_pipeline_verdicts_from_real_evaluations(rep, tiny_tokenizer):
     is inconclusive on every finding; an oracle as "BudgetMix" beats noisy fixed budgets (F3)."""
     from bmrl.envs import make
     from bmrl.eval.evaluate import evaluate
-    from bmrl.reproduce import _pool, unit_metrics, verdicts
+    from bmrl.eval.findings import pool, unit_metrics, verdicts
     from bmrl.rollout import RolloutConfig, make_noisy_oracle, oracle_policy
 
     env = make("corridor", tiny_tokenizer, length=4, eps=0.1)
@@ -120,7 +122,7 @@ def test_pipeline_verdicts_from_real_evaluations(rep, tiny_tokenizer):
          {"F1": "inconclusive", "F2": "inconclusive", "F3": "inconclusive"}),
         ({BASE: noisy, "fixed_long": noisy, "fixed_short": noisy, "budgetmix": ev(oracle_policy)}, {"F3": "as_study"}),
     ):
-        pooled = _pool([{n: unit_metrics(r) for n, r in results.items()}], list(results))
+        pooled = pool([{n: unit_metrics(r) for n, r in results.items()}], list(results))
         v = verdicts([results], pooled, KS, rep, resamples=200)
         assert {k: v[k]["verdict"] for k in expect} == expect
         from bmrl.eval.verdicts import RULES
