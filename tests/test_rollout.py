@@ -268,9 +268,9 @@ def test_compaction_buckets_step_down_by_a_fraction_of_the_batch():
 def test_attention_block_changes_only_the_work(tiny_tokenizer, monkeypatch):
     """`attention_block` (config `rollout.attention_block`) sets how many cache keys a step of the
     blocked attention reads: every attention over the cache in the traced rollout gets it, and blocks
-    of 16 (a context of several blocks), the default 64 and the whole buffer at once (0) give the same
-    greedy trajectories as the Python-driven baseline at the same block, log-probs within float
-    tolerance; a negative block is refused with the fix."""
+    of 16 (a context of several blocks; also through the Python-driven baseline), the default 64 and
+    the whole buffer at once (0) give the same greedy trajectories, log-probs within float tolerance;
+    a negative block is refused with the fix."""
     import dataclasses
 
     from bmrl.model import decoder
@@ -286,7 +286,8 @@ def test_attention_block_changes_only_the_work(tiny_tokenizer, monkeypatch):
         seen.clear()
         runs[block] = rollout(policy, env, tasks, caps, key, cfg)
         assert seen and set(seen) == {block}, (block, set(seen))
-        _assert_same(runs[block], python_loop_rollout(policy, env, tasks, caps, key, cfg))
+        if block == 16:  # the Python-driven loop at the same block
+            _assert_same(runs[block], python_loop_rollout(policy, env, tasks, caps, key, cfg))
     assert int(np.asarray(runs[64].length).max()) > 3 * 16  # the 16-key blocks really loop
     _assert_same(runs[16], runs[64])
     _assert_same(runs[0], runs[64])
