@@ -9,8 +9,10 @@ stepped in a thread pool). Both after a warm-up call (compiles excluded), best o
 - python_over_compiled at batch 64 x 8 turns and 256 x 16 turns: env turns/s ratio (target >= 0.5);
 - latency_hidden at batch 256 x 16: turns/s with a simulated 20 ms tool latency per step over the
   same run without latency (target >= 0.8; the steps of a turn run concurrently, and the batch plays
-  as two halves in two threads so one half's device step overlaps the other's tools,
-  `HostConfig.pipeline`); `_unpipelined`: the same ratio with the batch played as one;
+  as four groups in four threads so some groups' device steps overlap the others' tools,
+  `HostConfig.pipeline`, `groups`); `_halves`: the same with two groups (they fall into step: both on
+  the device, then both waiting); `_unpipelined`: the batch played as one; the seconds of each are
+  printed beside the ratios (a faster model lowers a ratio at the same latency);
 - host compiles: programs traced by the host path in the whole run (one per batch and width).
 
     python bench/host_rollout.py [--quick] [--repeats 2]
@@ -103,9 +105,9 @@ def main() -> None:
         tasks, caps = {"seed": jnp.arange(batch, dtype=jnp.int32)}, jnp.full((batch,), turns, jnp.int32)
         return lambda: rollout(policy, env, tasks, caps, jax.random.key(0), cfg)
 
-    def host(batch: int, turns: int, latency_s: float = 0.0, pipeline: bool = True):
+    def host(batch: int, turns: int, latency_s: float = 0.0, pipeline: bool = True, groups: int = 4):
         tasks, caps = [{"seed": b} for b in range(batch)], np.full((batch,), turns, np.int32)
-        hcfg = HostConfig(workers=batch, step_timeout_s=60.0, pipeline=pipeline)
+        hcfg = HostConfig(workers=batch, step_timeout_s=60.0, pipeline=pipeline, groups=groups)
 
         def go():
             envs = [PyCorridor(latency_s=latency_s) for _ in range(batch)]
@@ -130,12 +132,15 @@ def main() -> None:
     print(f"python    batch={batch} turns={turns} latency=20ms seconds={t1:.3f} (without: {t0:.3f})", flush=True)
     out[f"latency_hidden_{batch}x{turns}"] = round((float(np.asarray(tr1.turns_used).sum()) / t1)
                                                    / (float(np.asarray(tr0.turns_used).sum()) / t0), 3)
-    # The same pair with the batch played as one (HostConfig.pipeline=False): what the two halves buy.
-    u0, _ = _best(host(batch, turns, pipeline=False), repeats)
-    u1, _ = _best(host(batch, turns, latency_s=0.02, pipeline=False), repeats)
-    print(f"python    batch={batch} turns={turns} unpipelined latency=20ms seconds={u1:.3f} (without: {u0:.3f})",
-          flush=True)
-    out[f"latency_hidden_{batch}x{turns}_unpipelined"] = round(u0 / u1, 3)
+    out[f"seconds_{batch}x{turns}"] = {"latency_20ms": round(t1, 3), "no_latency": round(t0, 3)}
+    # The same pair with two groups (halves) and with the batch played as one (pipeline=False).
+    for label, kw in (("halves", dict(groups=2)), ("unpipelined", dict(pipeline=False))):
+        u0, _ = _best(host(batch, turns, **kw), repeats)
+        u1, _ = _best(host(batch, turns, latency_s=0.02, **kw), repeats)
+        print(f"python    batch={batch} turns={turns} {label} latency=20ms seconds={u1:.3f} (without: {u0:.3f})",
+              flush=True)
+        out[f"latency_hidden_{batch}x{turns}_{label}"] = round(u0 / u1, 3)
+        out[f"seconds_{batch}x{turns}_{label}"] = {"latency_20ms": round(u1, 3), "no_latency": round(u0, 3)}
     out["host_compiles"] = {k: v for k, v in compiles.counts().items() if k.startswith("host_")}
     print(json.dumps(out))
 

@@ -238,7 +238,8 @@ def host_config(cfg: Config):
     """The `HostConfig` of a python-kind `env` section (timeout, workers, what a fault does)."""
     from bmrl.rollout.host import HostConfig
 
-    return HostConfig(step_timeout_s=cfg.env.step_timeout_s, workers=cfg.env.workers, on_fault=cfg.env.on_fault)
+    return HostConfig(step_timeout_s=cfg.env.step_timeout_s, workers=cfg.env.workers, on_fault=cfg.env.on_fault,
+                      groups=cfg.env.pipeline_groups)
 
 
 def make_env(cfg: Config, tokenizer, parts: tuple | None = None):

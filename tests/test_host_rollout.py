@@ -156,7 +156,8 @@ def test_tool_env_from_an_entry_point_runs(setup):
 
 
 class RaiseInSecondHalf(RaiseOnThird):
-    """Row 6 (in the second half of a pipelined batch of 8) raises on its third step."""
+    """Row 6 (in the second half, and the last of four groups, of a pipelined batch of 8) raises on its
+    third step."""
 
     def step(self, action):
         if self.row == 6 and self._t == 2:
@@ -165,13 +166,20 @@ class RaiseInSecondHalf(RaiseOnThird):
         return JaxAsPython.step(self, action)
 
 
-def test_pipelined_halves_equal_one_batch(setup, clean):
-    """Two halves in two threads (the default) give bitwise the trajectory of one batch played in one
-    thread, and a fault in the second half keeps its row in the whole batch."""
+def test_pipelined_groups_equal_one_batch(setup, clean):
+    """Four groups of 2 rows in four threads (the default for 8 rows) and two halves give bitwise the
+    trajectory of one batch played in one thread, and a fault in the last group keeps its row in the
+    whole batch. The group count is the largest divisor of the batch up to `groups`."""
+    from bmrl.rollout.host import pipeline_groups
+
+    assert [pipeline_groups(b, HostConfig()) for b in (8, 6, 7, 2, 1)] == [4, 3, 1, 2, 1]
+    assert pipeline_groups(8, HostConfig(groups=2)) == 2 and pipeline_groups(8, HostConfig(pipeline=False)) == 1
     one = _host(setup, hcfg=HostConfig(pipeline=False))
-    a, b = _rows(clean.trajectory, slice(None)), _rows(one.trajectory, slice(None))
-    for f in a:
-        np.testing.assert_array_equal(a[f], b[f], err_msg=f)
+    halves = _host(setup, hcfg=HostConfig(groups=2))
+    for run in (clean, halves):
+        a, b = _rows(run.trajectory, slice(None)), _rows(one.trajectory, slice(None))
+        for f in a:
+            np.testing.assert_array_equal(a[f], b[f], err_msg=f)
     got, ref = _host(setup, wrap=RaiseInSecondHalf), _host(setup, wrap=RaiseInSecondHalf, hcfg=HostConfig(pipeline=False))
     assert [(f.row, f.turn, f.kind) for f in got.faults] == [(f.row, f.turn, f.kind) for f in ref.faults] == [
         (6, 2, "exception")]

@@ -50,7 +50,8 @@ class EnvCfg:
     options: dict[str, Any] = field(default_factory=dict)  # jax: static env options, e.g. {length: 6}; python: the factory's kwargs
     show_budget: bool = False  # jax: show "Turns left: N" in every observation (the policy sees its cap)
     step_timeout_s: float = 30.0  # python: a reset or step slower than this is a fault of its row
-    workers: int = 32  # python: threads stepping environments concurrently
+    workers: int = 32  # python: threads stepping environments concurrently (in each pipeline group)
+    pipeline_groups: int = 4  # python: the batch plays as up to this many equal groups, so device work overlaps tool latency (1 = one batch)
     on_fault: str = "observe"  # python: observe (the row sees "tool error: ..." and goes on) | end (the row stops)
 
 

@@ -199,7 +199,7 @@ def _check_python_env(cfg: Config) -> None:
                           "set it false and show the budget from your environment if it should see one.")
     if not e.step_timeout_s > 0:
         raise ConfigError("env.step_timeout_s", f"must be > 0 seconds, got {e.step_timeout_s}.")
-    _positive(e, "env", ("workers",))
+    _positive(e, "env", ("workers", "pipeline_groups"))
     _one_of("env.on_fault", e.on_fault, ON_FAULT)
 
 
