@@ -25,6 +25,7 @@ ENV_OPTIONS = {
     "frozenlake": dict(size=4, eps=0.2),
     "toolchain": dict(k=2, num_keys=8, p_fail=0.3),
     "sokoban": dict(size=5, boxes=1),
+    "keypad": dict(length=5, digits=5, eps=0.1),
 }
 FIELDS = (
     "tokens", "length", "loss_mask", "turn_of_token", "action", "reward", "error", "invalid", "format_error",
@@ -341,3 +342,22 @@ def test_compaction_changes_nothing_but_the_work(name, tiny_tokenizer):
     _assert_same(full, compact)
     used = np.asarray(full.turns_used)
     assert used.min() < used.max()  # rows really finished at different turns
+
+
+@pytest.mark.parametrize("name", ["sokoban", "toolchain", "keypad"])  # frozenlake's grid state is sokoban's kind
+def test_compaction_gathers_every_env_state(name, tiny_tokenizer):
+    """Each kind of environment state (a grid, a tool chain, a code: pytrees of their own shapes) is gathered
+    when the batch compacts (4 -> 2 rows, the smallest program that compacts): every row's sampled
+    trajectory is the one it has in the full batch (keypad's replies mostly fail to parse here, see
+    above: its state is gathered all the same)."""
+    import dataclasses
+
+    env = _env(name, tiny_tokenizer)
+    policy = steered_policy(env, default_format(env), seed=2, scale=3.0)
+    cfg = _cfg(max_turns=4, max_len=512, temperature=1.0)
+    compacting = dataclasses.replace(cfg, compact_min_rows=2, compact_steps=2)
+    caps, tasks, key = jnp.asarray([1, 4, 2, 4], jnp.int32), {"seed": jnp.arange(4, dtype=jnp.int32) * 5}, jax.random.key(7)
+    full = rollout(policy, env, tasks, caps, key, cfg)
+    assert compacting.buckets(4) == (4, 2)
+    _assert_same(full, rollout(policy, env, tasks, caps, key, compacting))
+    assert (np.asarray(full.turns_used) <= np.asarray(caps)).all() and int(np.asarray(full.turns_used).max()) > 1
