@@ -8,8 +8,8 @@ Random weights (the shape is what costs). Every figure is measured side by side 
   and bfloat16 matmul throughput (`jnp.dot` n x n, 2 n^3 / time);
 - decode: one token per sequence per step with `Decoder.extend` in a `lax.fori_loop`, after a prompt
   of half the rollout's buffer (its mean live context when it fills it), for attention blocks of the
-  rollout's `attention_block` and of `--blocks` keys. Bytes read per step = parameters + the KV-cache
-  blocks attention reads (whole blocks up to the live context; the whole buffer at block 0); roofline
+  rollout's `attention_block` (64) and of `--blocks` keys (256). Bytes read per step = parameters +
+  the KV-cache blocks attention reads (whole blocks up to the live context; all at block 0); roofline
   fraction = (bytes per step / step time) / copy bandwidth. Target >= 0.6;
 - rollout: the compiled multi-turn rollout (`bmrl.rollout.make_rollout`) on the corridor environment,
   every sequence running all turns (random weights rarely stop early): generated tokens/s;
@@ -238,8 +238,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--reply", type=int, default=None, help="tokens per reply (default 32; smoke 4)")
     ap.add_argument("--decode-steps", type=int, default=None, help="timed decode steps (default 64; smoke 8)")
     ap.add_argument("--decode-context", type=int, default=None, help="prompt tokens before decoding (default max_len / 2)")
-    ap.add_argument("--blocks", default="64,256,0",
-                    help="attention blocks (keys; 0 = the whole buffer) to time decode at, besides the rollout's")
+    ap.add_argument("--blocks", default="256",
+                    help="attention blocks (keys; 0 = the whole buffer) to time decode at besides the rollout's "
+                         "(each: two more compiles; e.g. 128,256,512,0)")
     ap.add_argument("--device-memory-gb", type=float, default=0.0, help="override the device memory for the plan")
     args = ap.parse_args(argv)
     smoke = args.cpu_smoke

@@ -29,7 +29,7 @@ def test_device_bench_cpu_smoke():
     # 64-key blocks, so 128 keys are read (not the 192 of the buffer)
     assert out["max_len"] == 192 and out["decode_context"] == 96
     assert out["decode_bytes_per_step"] == out["params"] * 4 + 2 * 2 * 8 * 128 * 2 * 16 * 4
-    assert out["decode_block"] == 64 and {"decode_roofline_block0", "decode_roofline_block256"} <= set(out)
+    assert out["decode_block"] == 64 and {"decode_roofline_block64", "decode_roofline_block256"} <= set(out)
 
 
 def test_decode_bytes_follow_the_blocks_read():
