@@ -294,6 +294,10 @@ def test_attention_block_changes_only_the_work(tiny_tokenizer, monkeypatch):
     _assert_same(runs[0], runs[64])
     with pytest.raises(RolloutError, match="attention_block must be >= 0"):
         RolloutConfig(4, 2, 8, attention_block=-1)
+    from bmrl.config.schema import RolloutCfg
+    from bmrl.model.attention import BLOCK_SIZE
+
+    assert RolloutCfg().attention_block == RolloutConfig(4, 2, 8).attention_block == BLOCK_SIZE  # one default
 
 
 def test_rollout_program_never_copies_the_kv_cache(tiny_tokenizer):
