@@ -73,6 +73,10 @@ class _BoundModel:
         self.model, self.fmt, self.cfg = model, spec.fmt, spec.cfg
         self.stop_ids = jnp.asarray(spec.fmt.stop_ids, jnp.int32)
 
+    def _extend(self, *args, **kwargs):
+        """`Decoder.extend` over the rollout's cache, attention in the configured blocks of keys."""
+        return self.model.extend(*args, block_size=self.cfg.attention_block, **kwargs)
+
     def _obs_segments(self, obs, batch):
         f = self.fmt
         return [fixed(f.obs_open, batch), (obs.tokens, obs.length), fixed(f.obs_close, batch)]
@@ -87,8 +91,7 @@ class _BoundModel:
             return self.start_from_context(obs_chunk, n_obs, keys, jnp.zeros((1, width), jnp.int32))
         prefix = jnp.asarray(self.fmt.prefix, jnp.int32)[None, :]
         one = jnp.ones((1,), jnp.int32)
-        _, shared = self.model.extend(prefix, one * P, one * 0, self.model.init_cache(1, self.cfg.max_len),
-                                      block_size=self.cfg.attention_block)
+        _, shared = self._extend(prefix, one * P, one * 0, self.model.init_cache(1, self.cfg.max_len))
         cache = jax.tree.map(lambda x: jnp.broadcast_to(x, (batch,) + x.shape[1:]), shared)
         offsets = jnp.full((batch,), P, jnp.int32)
         logits, cache = self._prefill(obs_chunk, n_obs, offsets, cache)
@@ -130,8 +133,7 @@ class _BoundModel:
         def at(w):
             def go(carry):
                 cache, prev_logits = carry
-                lg, cache = self.model.extend(chunk[:, :w], n, offsets, cache, last_only=True, cache_rows=rows,
-                                              block_size=self.cfg.attention_block)
+                lg, cache = self._extend(chunk[:, :w], n, offsets, cache, last_only=True, cache_rows=rows)
                 return cache, jnp.where((n > 0)[:, None], lg[:, 0], prev_logits)
             return go
 
@@ -151,8 +153,7 @@ class _BoundModel:
         zeros = jnp.zeros((batch,), jnp.int32)
         turn_ids = jnp.zeros((1, context.shape[1]), jnp.int32) if turn_ids is None else turn_ids
         cache = self.model.init_cache(batch, L)
-        logits, cache = self.model.extend(context, lengths, zeros, cache, last_only=True,
-                                          block_size=self.cfg.attention_block)
+        logits, cache = self._extend(context, lengths, zeros, cache, last_only=True)
         f32 = jnp.zeros((batch, L), jnp.float32)
         return ModelState(
             cache=cache, next_logits=logits[:, 0], cache_len=lengths, n_tok=lengths,
@@ -169,7 +170,7 @@ class _BoundModel:
     def decode_reply(self, s: ModelState, t, decoding: jax.Array) -> ModelState:
         """Sample one reply per decoding row into the buffer, until a stop token or the per-turn limit
         (a reply that reaches it gets a stop token appended: not sampled, not trained on)."""
-        R, model = self.cfg.max_reply_tokens, self.model
+        R = self.cfg.max_reply_tokens
 
         def cond(d):
             s, decoding, i = d
@@ -188,8 +189,8 @@ class _BoundModel:
 
             def feed(args):
                 cache, _ = args
-                lg, cache = model.extend(tok[:, None], cont.astype(jnp.int32), s.cache_len, cache,
-                                         cache_rows=self._rows(s), block_size=self.cfg.attention_block)
+                lg, cache = self._extend(tok[:, None], cont.astype(jnp.int32), s.cache_len, cache,
+                                         cache_rows=self._rows(s))
                 return cache, lg[:, 0]
 
             cache, next_logits = run_once(jnp.any(cont), feed, (s.cache, s.next_logits))
@@ -220,8 +221,7 @@ class _BoundModel:
 
         def feed(carry):
             cache, _ = carry
-            lg, cache = self.model.extend(reply, n, s.cache_len, cache, cache_rows=self._rows(s),
-                                         block_size=self.cfg.attention_block)
+            lg, cache = self._extend(reply, n, s.cache_len, cache, cache_rows=self._rows(s))
             return cache, lg
 
         no_logits = jnp.zeros((batch, W, s.next_logits.shape[-1]), jnp.float32)
