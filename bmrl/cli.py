@@ -39,6 +39,9 @@ COMPILING_COMMANDS = (*DISTRIBUTED_COMMANDS, "compare", "passkt")
 
 def main(argv: list[str] | None = None) -> int:
     """Parse `argv` and run the chosen command; returns its exit status."""
+    from bmrl import xla_flags
+
+    xla_flags.configure()  # before JAX starts its backend: simulated CPU devices wait, not abort
     args = build_parser().parse_args(argv)
     if args.command in COMPILING_COMMANDS:
         from bmrl.compile_cache import CompileCacheError, enable

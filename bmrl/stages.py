@@ -8,9 +8,11 @@ prints lines like `[stage 4/19] seed 2 - RL budgetmix - step 12/30 - eta 14 min`
 
 ETA rule: every stage of a kind ("sft", "rl", "eval") is expected to take the mean wall time of the
 stages of that kind finished (run, not skipped) so far, or, before one of its kind has finished, the
-mean of all finished stages. The ETA is what the current stage has left of its expectation (never
-below 0) plus the expectation of every stage not yet started (those that will turn out to be
-skipped included). Before any stage has finished it is `eta ?`.
+mean of all finished stages. Before any stage has finished, the stage under way projects its own
+step progress (`step(n, total)`: elapsed * total / n) and every stage is expected to take that. The ETA
+is what the current stage has left of its expectation (never below 0) plus the expectation of every
+stage not yet started (those that will turn out to be skipped included). With neither a finished stage
+nor a step of the current one it is `eta ?`.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ class StageProgress:
         self.started = 0.0
         self.done: list[tuple[str, float]] = []  # (kind, seconds) of stages run to the end
         self.skipped = 0
+        self.progress = (0, 0)  # (steps done, steps) of the stage under way, from `step`
         self._kinds: list[str] = []  # kinds of the stages not yet started, when known (`plan`)
         self._write = write or (lambda line: print(line, file=sys.stderr, flush=True))
         self._clock = clock
@@ -46,11 +49,16 @@ class StageProgress:
     def _expect(self, kind: str) -> float | None:
         same = [s for k, s in self.done if k == kind]
         pool = same or [s for _, s in self.done]
-        return sum(pool) / len(pool) if pool else None
+        if pool:
+            return sum(pool) / len(pool)
+        n, total = self.progress
+        if self.kind and n > 0:  # nothing finished yet: the stage under way's own step rate
+            return (self._clock() - self.started) * total / n
+        return None
 
     def eta(self) -> str:
-        """`eta N min` by the module's rule, or `eta ?` before any stage has finished."""
-        if not self.done:
+        """`eta N min` by the module's rule, or `eta ?` with nothing to project from."""
+        if self._expect(self.kind) is None:
             return "eta ?"
         left = 0.0
         if self.kind:  # the stage under way
@@ -72,6 +80,7 @@ class StageProgress:
 
     def start(self, label: str, kind: str) -> None:
         self.index, self.label, self.kind, self.started = self.index + 1, label, kind, self._clock()
+        self.progress = (0, 0)
         self._emit("started", self.eta())
 
     def skip(self, label: str, why: str = "done already") -> None:
@@ -81,6 +90,7 @@ class StageProgress:
 
     def step(self, n: int, total: int) -> None:
         """Step progress of the stage under way (e.g. from `bmrl.metrics.Progress`'s `on_step`)."""
+        self.progress = (int(n), int(total))
         self._emit(f"step {n}/{total}", self.eta())
 
     def note(self, text: str) -> None:

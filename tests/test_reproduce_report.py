@@ -32,7 +32,8 @@ class Clock:
 
 
 def test_stage_lines_numbering_skips_and_eta(tmp_path, capsys):
-    """Lines on stderr (not a TTY here), one per event; ETA from finished stages by kind, `eta ?` before."""
+    """Lines on stderr (not a TTY here), one per event; ETA from finished stages by kind, before any has
+    finished from the stage's own step rate, `eta ?` with neither."""
     clock = Clock()
     stages = StageProgress(0, clock=clock)
     stages.plan(["sft", "rl", "rl", "eval"])
@@ -60,7 +61,8 @@ def test_stage_lines_numbering_skips_and_eta(tmp_path, capsys):
     parsed = [LINE.match(x).groups() for x in lines]
     assert [(int(i), int(n)) for i, n, _, _ in parsed] == [(1, 4)] + [(2, 4)] * 4 + [(3, 4)] * 4 + [(4, 4)] * 2
     assert lines[0].startswith("[stage 1/4] seed 0 - SFT - skipped (done already: ")
-    assert lines[1:3] == ["[stage 2/4] seed 0 - RL a - started - eta ?", "[stage 2/4] seed 0 - RL a - step 1/2 - eta ?"]
+    # Nothing finished yet: RL a's first step took 5 min of 2 steps, so it and each later stage take 10.
+    assert lines[1:3] == ["[stage 2/4] seed 0 - RL a - started - eta ?", "[stage 2/4] seed 0 - RL a - step 1/2 - eta 25 min"]
     # RL a took 10 min: RL b is expected to take 10 (5 left after its first step), the eval the mean, 10.
     assert lines[4] == "[stage 2/4] seed 0 - RL a - done in 10.0 min - eta 20 min"
     assert lines[6] == "[stage 3/4] seed 0 - RL b - step 1/2 - eta 18 min"
