@@ -41,7 +41,7 @@ def finding_sentences(study: Study, rep) -> list[str]:
     parts = [f"against {o}: " + ", ".join(f"{m} {e.format(signed=True)}" for m, e in mm[o].items()) for o in mm]
     s3 = (f"3. BudgetMix across T: {rep.budgetmix} has min over T of Pass@(1,T) {mp[rep.budgetmix]} and area "
           f"{ar[rep.budgetmix]} (fixed generous {mp[rep.generous]} / {ar[rep.generous]}, fixed tight {mp[rep.tight]} / "
-          f"{ar[rep.tight]}); BudgetMix minus each fixed budget {'; '.join(parts)}.")
+          f"{ar[rep.tight]}); BudgetMix minus each fixed budget: {'; '.join(parts)}.")
     return [s1, s2, s3]
 
 
