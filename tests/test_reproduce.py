@@ -129,17 +129,18 @@ def test_bad_reproduce_config_exits_2_and_writes_nothing(tmp_path, capsys, overr
 @pytest.fixture(scope="module")
 def scripted(tiny_tokenizer):
     """Scripted policies evaluated on the same 24 corridor tasks, T in {4, 5, 8}: a memoryless noisy
-    oracle (the base), the same that always repairs after an error, a less noisy one, the oracle."""
+    oracle (the base), the same that always repairs after an error, a less noisy one, the oracle (all
+    `RepairingOracle`s: one compiled program)."""
     from bmrl.envs import make
     from bmrl.eval.evaluate import evaluate
-    from bmrl.rollout import RolloutConfig, make_noisy_oracle, oracle_policy
+    from bmrl.rollout import RolloutConfig
     from bmrl.rollout.policies import RepairingOracle
 
     env = make("corridor", tiny_tokenizer, length=4, eps=0.1)
     rcfg = RolloutConfig(max_turns=8, max_reply_tokens=6, max_len=512)
     tasks = {"seed": np.arange(1, 49, 2, dtype=np.int32)}
-    policies = {BASE: make_noisy_oracle(0.4), "fixed_long": RepairingOracle(0.4, 1.0),
-                "fixed_short": make_noisy_oracle(0.2), "budgetmix": oracle_policy}
+    policies = {BASE: RepairingOracle(0.4), "fixed_long": RepairingOracle(0.4, 1.0), "fixed_short": RepairingOracle(0.2),
+                "budgetmix": RepairingOracle(0.0, 1.0)}
     return {n: evaluate(p, env, tasks, ts=(4, 5, 8), ks=(1, 4), attempts=4, rollout_cfg=rcfg, key=0, bootstrap=50)
             for n, p in policies.items()}
 

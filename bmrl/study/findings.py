@@ -47,8 +47,9 @@ def _as_dict(x: Any) -> Any:
 class Finding:
     """One finding, measured once: `intervals` (one bootstrap; F3's nested by fixed budget), the
     `verdict` its written rule read from them, `facts` (e.g. the two T of F1, the shared states of
-    F2), `levels` (each policy's own values, e.g. F3's min over T and area) and `curves` (what its
-    figure draws, e.g. F1's gain at every T per RL variant)."""
+    F2), `levels` (measured alongside, on each policy's own states: F3's min over T and area per
+    policy, F2's on-policy changes) and `curves` (what its figure draws, e.g. F1's gain at every T
+    per RL variant)."""
 
     verdict: Verdict
     intervals: Mapping[str, Any]
