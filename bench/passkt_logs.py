@@ -48,7 +48,7 @@ def write_log(path: str, tasks: int, attempts: int, max_t: int) -> None:
 def run_bmrl(path: str, max_t: int, out: str) -> dict:
     import numpy as np
 
-    from bmrl.eval.logs import read_attempt_log
+    from bmrl.logs import read_attempt_log
     from bmrl.eval.passkt import pass_at_kt
 
     after_import = _rss_kib("VmRSS")

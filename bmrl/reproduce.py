@@ -14,8 +14,9 @@ The report states the study's three findings as measured claims, whichever way t
   2. the change in single-step decision accuracy against the change in recovery;
   3. BudgetMix against fixed-budget RL across T: min over T of Pass@(1,T) and the area under the surface.
 Intervals: a two-level percentile bootstrap (resample training seeds, then tasks within each seed;
-one level with one seed), paired for differences (the same units for both policies). The statistics
-and findings are `bmrl.eval.findings`; the sentences, tables and report.md `bmrl.eval.study_report`.
+one level with one seed), paired for differences (the same units for both policies). Each finding is
+measured once (`bmrl.study.findings`); its sentences, tables, figure and verdict read that one result
+(`bmrl.study.report`, `bmrl.study.figures`).
 
 A Python env (env.kind=python) runs the same stages: its SFT demonstrations play the oracle it names
 (info["next_oracle_action"]), RL and evaluation run on the host loop, and F2's clean and post-error
@@ -34,8 +35,8 @@ from functools import partial
 from typing import Any
 
 from bmrl.config import Config, build, check_reproduce, save, to_dict
-from bmrl.eval.findings import BASE, GROUPS, findings, pool, unit_metrics, verdicts
-from bmrl.eval.study_report import finding_sentences, per_seed_table, report_md, summary_table
+from bmrl.study.findings import BASE, GROUPS, pool, study_findings, unit_metrics
+from bmrl.study.report import finding_sentences, per_seed_table, report_md, summary_table
 
 # ---- configs of the stages ------------------------------------------------------------------------
 
@@ -177,28 +178,27 @@ def _render(cfg: Config, names: list[str], per_seed: list[dict], seed_results: l
             seed_reports: list[str], stage_times: dict) -> dict:
     """Findings, verdicts, table, figures, report.md and summary.json from the per-seed results."""
     from bmrl.build import suite_line, suite_summary
-    from bmrl.eval.figures import study_figures
+    from bmrl.study.figures import study_figures
 
     rep, out = cfg.reproduce, cfg.out_dir
     pooled = pool(per_seed, names)
     resamples = max(cfg.eval.bootstrap, 200)
-    f = findings(pooled, ks, ts, rep, resamples)
-    f.update(verdicts(seed_results, pooled, ks, rep, resamples))
-    sentences = [f[k]["sentence"] for k in ("F1", "F2", "F3")]
-    details = finding_sentences(f, rep)
-    table_md, table = summary_table(pooled, names, ks, ts, resamples)
+    study = study_findings(pooled, seed_results, names, ks, ts, rep, resamples)
+    sentences = [f.sentence() for f in study.findings]
+    details = finding_sentences(study, rep)
+    table_md, table = summary_table(pooled, study, names, ks, ts)
     groups = pooled[GROUPS]["surface"] if len(per_seed) > 1 else None
-    figures = study_figures(out, pooled, names, ks, ts, f["F2"]["intervals"], rep.generous, resamples, BASE, groups)
+    figures = study_figures(out, pooled, study, names, ks, ts, rep.generous, resamples, BASE, groups)
     seeds_md, seed_rows = per_seed_table(per_seed, seed_results, rep.seeds, rep, ks, ts)
     data_cfg = stage_config(cfg, cfg.seed, out, data={"data_dir": study_data_dir(cfg)})
     suites = suite_summary(data_cfg)  # how the test levels were held out; overlap with training levels
     wall = sum(v for v in stage_times.values() if v is not None)
     missing = not_measured(cfg)
     report = report_md(cfg, env_label(cfg), sentences + ["Measured:"] + details, table_md, figures, seed_reports, wall, len(rep.seeds),
-                       pooled[BASE]["surface"].shape[0], f["F2"]["intervals"], seeds_md, suite_line(suites), missing)
+                       pooled[BASE]["surface"].shape[0], study, seeds_md, suite_line(suites), missing)
     with open(os.path.join(out, "report.md"), "w") as fh:
         fh.write(report)
-    summary = {"findings": f, "sentences": sentences, "details": details, "table": table, "wall_time_s": wall,
+    summary = {"findings": study.to_dict(), "sentences": sentences, "details": details, "table": table, "wall_time_s": wall,
                "stage_times_s": stage_times, "seeds": list(rep.seeds), "per_seed": seed_rows,
                "units": int(pooled[BASE]["surface"].shape[0]),
                "figures": {k: os.path.relpath(v, out) for k, v in figures.paths.items()},

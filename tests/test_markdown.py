@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from bmrl.eval import markdown
+from bmrl.eval.bootstrap import Interval
 
 _SEPARATOR_CELL = re.compile(r"^\s*:?-+:?\s*$")
 
@@ -110,8 +111,8 @@ def test_table_refuses_ragged_rows_and_bad_alignment():
 
 def test_reproduce_tables_parse():
     """The table that printed `P(success|error)` unescaped (0 tables parsed) now parses."""
-    from bmrl.eval.findings import BASE
-    from bmrl.eval.study_report import summary_table
+    from bmrl.study.findings import BASE, LEVELS, Study
+    from bmrl.study.report import summary_table
 
     rng = np.random.default_rng(0)
     ks, ts = (1, 2), (4, 8)
@@ -120,9 +121,11 @@ def test_reproduce_tables_parse():
         return {"surface": rng.random((n, 2, 2)), "decision_accuracy": rng.random(n), "recovery": rng.random(n)}
 
     pooled = {BASE: unit(30), "rl|odd": unit(30)}
-    md, _ = summary_table(pooled, list(pooled), ks, ts, resamples=50)
+    levels = {n: {m: Interval(0.5, 0.4, 0.6, 30) for m in LEVELS if m in p} for n, p in pooled.items()}
+    md, _ = summary_table(pooled, Study(None, None, None, levels), list(pooled), ks, ts)
     (t,) = gfm_tables(md)
     assert len(t) == 3 and "P(success\\|error)" in t[0] and t[2][0] == "rl\\|odd"
+    assert t[1][-4:] == ["0.500 [0.400, 0.600]", "-", "0.500 [0.400, 0.600]", "-"]
 
 
 def test_passkt_report_tables_parse(tmp_path):

@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from bmrl.eval.logs import LogFields, LogFormatError, detect_format, read_attempt_log
+from bmrl.logs import LogFields, LogFormatError, detect_format, read_attempt_log
 from bmrl.eval.passkt import pass_at_kt
 
 
@@ -204,7 +204,7 @@ def test_empty_log_and_unknown_format(tmp_path):
 
 def test_per_task_in_power_of_two_groups_equals_the_padded_estimator():
     """Ragged attempt counts (1..9 and 16, across power-of-two boundaries), tiny calls to force chunks."""
-    from bmrl.eval.logs import AttemptLog
+    from bmrl.logs import AttemptLog
     from bmrl.eval.passkt import pass_at_kt_per_task
 
     rng = np.random.default_rng(7)
@@ -224,7 +224,7 @@ def test_streaming_memory_is_bounded_for_large_and_lopsided_logs(tmp_path):
     [tasks, max attempts] matrix (800 MB)."""
     import tracemalloc
 
-    from bmrl.eval.logs import read_attempt_log
+    from bmrl.logs import read_attempt_log
 
     big = tmp_path / "big.jsonl.gz"
     with gzip.open(big, "wt") as f:

@@ -2,14 +2,17 @@
 
 import json
 import os
+import re
 
 import numpy as np
 import pytest
 
 from bmrl.cli import main
 from bmrl.config import load
-from bmrl.eval.findings import BASE, findings
-from bmrl.eval.study_report import finding_sentences, summary_table
+from bmrl.eval.bootstrap import NAN_INTERVAL, mean_interval
+from bmrl.study.findings import BASE, F2_MEASURES, LEVELS, ON_POLICY, Finding, Study, f1_finding, f3_finding
+from bmrl.study.report import finding_sentences, summary_table
+from bmrl.study.verdicts import f2_verdict
 from bmrl.reproduce import stage_config
 from bmrl.stages import StageProgress, run_stage
 
@@ -34,6 +37,25 @@ def rep():
                        " budgetmix: {kind: mix, budgets: [4, 8]}}"]).reproduce
 
 
+def _study(pooled, rep, resamples):
+    """The study's F1, F3, on-policy changes and levels from synthetic per-task data (no episodes, so
+    F2's paired states are not measured: an undefined F2)."""
+    k1 = KS.index(1)
+    names = list(pooled)
+    f1 = f1_finding(pooled[BASE]["surface"][:, k1, :], {n: pooled[n]["surface"][:, k1, :] for n in names if n != BASE},
+                    TS, main=rep.generous, small_t=rep.small_t, num_resamples=resamples)
+    gen, base = pooled[rep.generous], pooled[BASE]
+    on = {out: mean_interval(gen[m] - base[m], key=4 + i, num_resamples=resamples)
+          for i, (m, out) in enumerate(ON_POLICY) if m in gen}
+    ivs = {m: NAN_INTERVAL for m in F2_MEASURES}
+    f2 = Finding(f2_verdict(NAN_INTERVAL, NAN_INTERVAL, NAN_INTERVAL), ivs, levels=on)
+    f3 = f3_finding({n: pooled[n]["surface"] for n in names}, rep.budgetmix, (rep.generous, rep.tight), KS,
+                    num_resamples=resamples)
+    levels = {n: {m: mean_interval(pooled[n][m], key=12, num_resamples=resamples) for m in LEVELS if m in pooled[n]}
+              for n in names}
+    return Study(f1, f2, f3, levels)
+
+
 def test_findings_recover_a_known_effect(rep):
     """RL gains 0.4 at T=8 but 0.05 at T=4, through recovery (+0.4) not decisions (+0.01)."""
     rng = np.random.default_rng(0)
@@ -44,31 +66,34 @@ def test_findings_recover_a_known_effect(rep):
         "fixed_short": _unit(rng, n, 0.35, 0.60, 0.72, 0.40),
         "budgetmix": _unit(rng, n, 0.35, 0.80, 0.72, 0.70),
     }
-    f = findings(pooled, KS, TS, rep, resamples=300)
+    study = _study(pooled, rep, resamples=300)
+    f = study.to_dict()
     assert f["gain_large"]["lower"] > 0.3 and f["gain_small"]["upper"] < 0.15
-    assert f["gain_large_minus_small"]["lower"] > 0.2
+    assert f["gain_large_minus_small"]["lower"] > 0.2 and f["F1"]["verdict"] == "as_study"
     assert abs(f["delta_decision_accuracy"]["mean"] - 0.01) < 0.01
     assert abs(f["delta_recovery"]["mean"] - 0.40) < 0.03
     assert f["min_pass1"]["budgetmix"]["mean"] > f["min_pass1"]["fixed_long"]["mean"]
     assert f["mix_minus"]["fixed_long"]["area"]["lower"] > 0
-    s1, s2, s3 = finding_sentences(f, rep)
-    assert "shrinks when the budget is tight" in s1
-    assert "more in recovery than in single decisions" in s2
-    assert "BudgetMix" in s3
-    table, rows = summary_table(pooled, list(pooled), KS, TS, resamples=100)
+    s1, s2, s3 = finding_sentences(study, rep)
+    assert "shrinks when the budget is tight" in s1 and "at T=8 and by" in s1 and "at T=4;" in s1
+    assert study.f1.intervals["gain_large_minus_small"].format(signed=True) in s1
+    assert "on-policy" in s2 and "F2's verdict" in s2
+    assert "BudgetMix" in s3 and f["mix_minus"]["fixed_long"]["area"]["mean"] > 0
+    table, rows = summary_table(pooled, study, list(pooled), KS, TS)
     assert table.count("\n") == 1 + len(pooled)
     assert rows["fixed_long"]["pass1_T8"] == pytest.approx(pooled["fixed_long"]["surface"][:, 0, 1].mean())
+    assert rows["fixed_long"]["decision_accuracy"] == study.levels["fixed_long"]["decision_accuracy"].to_dict()
 
 
 def test_findings_say_when_there_is_no_effect(rep):
     rng = np.random.default_rng(1)
     same = _unit(rng, 200, 0.3, 0.6, 0.7, 0.5)
     pooled = {name: same for name in (BASE, "fixed_long", "fixed_short", "budgetmix")}
-    f = findings(pooled, KS, TS, rep, resamples=200)
+    study = _study(pooled, rep, resamples=200)
+    f = study.to_dict()
     assert f["gain_large"]["mean"] == 0 and f["gain_small"]["mean"] == 0
-    s1, s2, s3 = finding_sentences(f, rep)
-    assert "not distinguishable" in s1
-    assert "neither change clearly dominates" in s2
+    s1, s2, s3 = finding_sentences(study, rep)
+    assert "not distinguishable" in s1 and study.f1.verdict.verdict == "inconclusive"
 
 
 def test_stage_configs_and_skipping(tmp_path):
@@ -101,32 +126,76 @@ def test_bad_reproduce_config_exits_2_and_writes_nothing(tmp_path, capsys, overr
     assert not out.exists()
 
 
-def test_pipeline_verdicts_from_real_evaluations(rep, tiny_tokenizer):
-    """The verdicts `reproduce` writes, from evaluations of scripted policies: a policy against itself
-    is inconclusive on every finding; an oracle as "BudgetMix" beats noisy fixed budgets (F3)."""
+@pytest.fixture(scope="module")
+def scripted(tiny_tokenizer):
+    """Scripted policies evaluated on the same 24 corridor tasks, T in {4, 5, 8}: a memoryless noisy
+    oracle (the base), the same that always repairs after an error, a less noisy one, the oracle (all
+    `RepairingOracle`s: one compiled program)."""
     from bmrl.envs import make
     from bmrl.eval.evaluate import evaluate
-    from bmrl.eval.findings import pool, unit_metrics, verdicts
-    from bmrl.rollout import RolloutConfig, make_noisy_oracle, oracle_policy
+    from bmrl.rollout import RolloutConfig
+    from bmrl.rollout.policies import RepairingOracle
 
     env = make("corridor", tiny_tokenizer, length=4, eps=0.1)
-    cfg = RolloutConfig(max_turns=8, max_reply_tokens=6, max_len=512)
+    rcfg = RolloutConfig(max_turns=8, max_reply_tokens=6, max_len=512)
     tasks = {"seed": np.arange(1, 49, 2, dtype=np.int32)}
+    policies = {BASE: RepairingOracle(0.4), "fixed_long": RepairingOracle(0.4, 1.0), "fixed_short": RepairingOracle(0.2),
+                "budgetmix": RepairingOracle(0.0, 1.0)}
+    return {n: evaluate(p, env, tasks, ts=(4, 5, 8), ks=(1, 4), attempts=4, rollout_cfg=rcfg, key=0, bootstrap=50)
+            for n, p in policies.items()}
 
-    def ev(policy):
-        return evaluate(policy, env, tasks, ts=TS, ks=KS, attempts=4, rollout_cfg=cfg, key=0, bootstrap=100)
 
-    noisy = ev(make_noisy_oracle(0.3))
+def test_pipeline_verdicts_from_real_evaluations(rep, scripted):
+    """The verdicts `reproduce` writes, from evaluations of scripted policies: a policy against itself
+    is inconclusive on every finding; an oracle as "BudgetMix" beats noisy fixed budgets (F3)."""
+    from bmrl.study.findings import pool, study_findings, unit_metrics
+    from bmrl.study.verdicts import RULES
+
+    noisy = scripted[BASE]
     for results, expect in (
         ({BASE: noisy, "fixed_long": noisy, "fixed_short": noisy, "budgetmix": noisy},
          {"F1": "inconclusive", "F2": "inconclusive", "F3": "inconclusive"}),
-        ({BASE: noisy, "fixed_long": noisy, "fixed_short": noisy, "budgetmix": ev(oracle_policy)}, {"F3": "as_study"}),
+        ({BASE: noisy, "fixed_long": noisy, "fixed_short": noisy, "budgetmix": scripted["budgetmix"]}, {"F3": "as_study"}),
     ):
         pooled = pool([{n: unit_metrics(r) for n, r in results.items()}], list(results))
-        v = verdicts([results], pooled, KS, rep, resamples=200)
+        v = study_findings(pooled, [results], list(results), (1, 4), (4, 5, 8), rep, resamples=200).to_dict()
         assert {k: v[k]["verdict"] for k in expect} == expect
-        from bmrl.eval.verdicts import RULES
-
         for k in ("F1", "F2", "F3"):  # the rule is stored with its verdict; the sentence is made from it
             assert v[k]["rule"] == RULES[k] and v[k]["sentence"].startswith(f"{k}: ")
             assert ("as the study found" in v[k]["sentence"]) == (v[k]["verdict"] == "as_study")
+
+INTERVAL = re.compile(r"([+-]?\d+\.\d{3}) \[([+-]?\d+\.\d{3}), ([+-]?\d+\.\d{3})\]")
+
+
+def test_report_reads_each_finding_once(tmp_path, scripted):
+    """reproduce.small_t=5 inside the grid T in {4, 5, 8}: report.md's F1 verdict, its measured sentence,
+    the per-seed table and summary.json all use T=5; every number shown with an interval has the same
+    interval wherever report.md shows it; the F2 figure's bars are F2's paired accuracies. The report is
+    assembled as a rerun re-renders it, here from scripted policies' evaluations (known effects)."""
+    from bmrl.reproduce import _render
+    from bmrl.study.findings import unit_metrics
+
+    cfg = load("configs/quickstart.yaml", [f"out_dir={tmp_path}", "eval.ts=[4,5,8]", "eval.ks=[1,4]", "eval.attempts=4",
+                                           "eval.num_tasks=24", "reproduce.small_t=5", "eval.bootstrap=200"])
+    results = scripted
+    s = _render(cfg, list(results), [{n: unit_metrics(r) for n, r in results.items()}],
+                [{n: results[n] for n in (BASE, "fixed_long")}], (1, 4), (4, 5, 8), [], {})
+    report = (tmp_path / "report.md").read_text()
+    f = s["findings"]
+    g = f["F1"]["intervals"]["gain_large_minus_small"]
+    assert (f["F1"]["T_small"], f["T_small"], f["T_large"]) == (5, 5, 8) and f["gain_large_minus_small"] == g
+    shown = f"{g['mean']:+.3f} [{g['lower']:+.3f}, {g['upper']:+.3f}]"
+    assert f"the gain at T=8 minus the gain at T=5 is {shown}" in s["sentences"][0]
+    assert f"at T=5; the gain at T=8 minus the gain at T=5 is {shown}" in s["details"][0]
+    assert "T=4" not in s["sentences"][0] + s["details"][0] and report.count(shown) == 2
+    assert s["per_seed"][0]["G"] == pytest.approx(g["mean"]) and "| F1: G (T=8 - T=5) |" in report
+    assert f["mix_minus"] == f["F3"]["intervals"] and f["F3"]["verdict"] == "as_study"
+    seen: dict[str, set] = {}
+    for est, lo, hi in INTERVAL.findall(report):
+        seen.setdefault(est, set()).add((lo, hi))
+    assert len(seen) >= 20 and {e: v for e, v in seen.items() if len(v) > 1} == {}
+    iv = f["F2"]["intervals"]  # the F2 figure's bars: accuracy on the shared states, differing by dClean, dRec
+    for kind, d in (("clean", "delta_clean_accuracy"), ("recovery", "delta_recovery_accuracy")):
+        bars = iv[f"paired_trained_{kind}_accuracy"]["mean"] - iv[f"paired_base_{kind}_accuracy"]["mean"]
+        assert bars == pytest.approx(iv[d]["mean"])
+    assert iv["delta_recovery_accuracy"]["lower"] > 0 and "the difference of the bars is F2's dClean" in report

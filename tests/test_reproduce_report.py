@@ -17,7 +17,8 @@ from tests.test_markdown import gfm_tables
 
 LINE = re.compile(r"^\[stage (\d+)/(\d+)\] (seed \d+ - (?:SFT|RL \S+|eval)) - (.+)$")
 TINY = ["sft.steps=3", "sft.batch_size=4", "train.steps=2", "train.tasks_per_step=2", "train.group_size=2",
-        "eval.num_tasks=4", "eval.attempts=4", "eval.ks=[1,4]", "eval.ts=[4,8]", "eval.probe_states=8",
+        "eval.num_tasks=4", "eval.attempts=4", "eval.ks=[1,4]", "eval.ts=[4,5,8]",
+        "reproduce.small_t=5",  # F1's small T inside the grid, not its smallest: the report must say T=5 throughout "eval.probe_states=8",
         "eval.bootstrap=20", "data.train_size=64", "data.test_size=16", "reproduce.variants.budgetmix.budgets=[4,8]",
         # A smaller model than quickstart's (nothing here depends on its size): the study is compile-bound.
         "model.hidden_size=32", "model.intermediate_size=64", "model.num_hidden_layers=1"]
@@ -152,7 +153,7 @@ def test_report_figures_and_tables(tiny_run):
     assert len(tables) == 2 and len(tables[1]) == 1 + 4 and tables[1][0][0] == "policy"
     seeds = summary["seeds"]  # the per-seed values, a row per training seed, the same in summary.json
     assert [r[0] for r in tables[0][1:]] == [str(x) for x in seeds] and len(summary["per_seed"]) == len(seeds)
-    assert tables[0][0][:2] == ["seed", "F1: G"]
+    assert tables[0][0][:2] == ["seed", "F1: G (T=8 - T=5)"]
     g = summary["per_seed"][0]["G"]
     if len(seeds) == 1:  # one seed: its G is the pooled point estimate
         assert g == pytest.approx(summary["findings"]["F1"]["intervals"]["gain_large_minus_small"]["mean"])
@@ -163,6 +164,23 @@ def test_report_figures_and_tables(tiny_run):
     assert (out / "data").is_dir() and not any((out / "seed0").glob("*/data"))  # one stored suite for all stages
     for seed_report in re.findall(r"\]\((seed\d+/eval/report\.md)\)", report):
         gfm_tables((out / seed_report).read_text())
+
+
+def test_small_t_is_the_one_t_of_f1(tiny_run):
+    """reproduce.small_t=5 on the grid T in {4, 5, 8}: the whole pipeline's F1 verdict, its measured
+    sentence, the per-seed table and summary.json all use T=5 (`test_report_reads_each_finding_once`
+    checks one interval per number on a report with known effects)."""
+    out, cfg, _ = tiny_run
+    assert cfg.reproduce.small_t == 5 and min(cfg.eval.ts) == 4
+    s = json.loads((out / "summary.json").read_text())
+    f1 = s["findings"]["F1"]
+    assert (f1["T_small"], f1["T_large"], s["findings"]["T_small"]) == (5, 8, 5)
+    g = f1["intervals"]["gain_large_minus_small"]
+    assert s["findings"]["gain_large_minus_small"] == g and s["findings"]["gain_small"] == f1["intervals"]["gain_small"]
+    shown = f"{g['mean']:+.3f} [{g['lower']:+.3f}, {g['upper']:+.3f}]"
+    assert f"the gain at T=8 minus the gain at T=5 is {shown}" in s["sentences"][0]
+    assert f"at T=5; the gain at T=8 minus the gain at T=5 is {shown}" in s["details"][0]
+    assert "T=4" not in s["sentences"][0] + s["details"][0]
 
 
 def test_rerun_with_changed_settings_is_refused_before_any_write(tiny_run):
@@ -183,7 +201,8 @@ def test_rerun_with_changed_settings_is_refused_before_any_write(tiny_run):
 def test_heatmaps_share_one_colour_scale(tmp_path, monkeypatch):
     """Every surface heatmap gets the same (vmin, vmax) covering all of them; every difference heatmap
     the same bound, symmetric around 0, covering every difference."""
-    from bmrl.eval import figures, plots
+    from bmrl.eval import plots
+    from bmrl.study import figures
 
     calls = {"surface": [], "difference": []}
     real_s, real_d = plots.plot_surface_heatmap, plots.plot_difference_heatmap
@@ -195,11 +214,11 @@ def test_heatmaps_share_one_colour_scale(tmp_path, monkeypatch):
     ks, ts = (1, 2, 4), (2, 4, 8)
     pooled = {n: {"surface": np.clip(rng.random((20, 3, 3)) * scale, 0, 1)}
               for n, scale in (("base", 0.3), ("a", 0.6), ("b", 1.0))}
-    f = figures.study_figures(str(tmp_path), pooled, ["base", "a", "b"], ks, ts, {}, "a", resamples=20)
+    f = figures.study_figures(str(tmp_path), pooled, None, ["base", "a", "b"], ks, ts, "a", resamples=20)
     (vmin, vmax), (lo, hi) = f.scales["surface"], f.scales["difference"]
     assert len(calls["surface"]) == 3 and len(calls["difference"]) == 2
     assert {(a, b) for _, a, b in calls["surface"]} == {(vmin, vmax)}
     assert vmin == min(s.min() for s, _, _ in calls["surface"]) and vmax == max(s.max() for s, _, _ in calls["surface"])
     assert {b for _, b in calls["difference"]} == {hi} and lo == -hi
     assert hi == max(np.abs(d).max() for d, _ in calls["difference"])
-    assert "f2_states" not in f.paths and all(os.path.isfile(p) for p in f.paths.values())
+    assert "f1_gain" not in f.paths and all(os.path.isfile(p) for p in f.paths.values())

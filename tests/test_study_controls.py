@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 
 from bmrl.eval.evaluate import evaluate
-from bmrl.eval.verdicts import compare_findings, f3_intervals, f3_verdict
+from bmrl.study.findings import compare_findings, f3_intervals
+from bmrl.study.verdicts import f3_verdict
 from bmrl.rollout import RolloutConfig, oracle_policy
 from bmrl.rollout.policies import RepairingOracle
 
@@ -48,7 +49,7 @@ def results(request, tiny_tokenizer):
 
 
 def _f(results, base, trained):
-    return compare_findings(results[base], results[trained], num_resamples=500)
+    return {k: f.to_dict() for k, f in compare_findings(results[base], results[trained], num_resamples=500).items()}
 
 
 def test_fewer_errors_without_recovery_never_reads_as_recovery(results):
@@ -89,6 +90,7 @@ def test_findings_over_several_seeds(results):
     one = _f(results, "eps0.2", "eps0.2_repair1")
     two = compare_findings([results["eps0.2"], results["eps0.3"]], [results["eps0.2_repair1"], results["eps0.1"]],
                            num_resamples=500)
+    two = {k: f.to_dict() for k, f in two.items()}
     assert two["F2"]["seeds"] == 2 and two["F2"]["intervals"]["recovery_minus_clean"]["num_tasks"] > 32
     both = _f(results, "eps0.3", "eps0.1")["F2"]["shared_states"]["post_error"] + one["F2"]["shared_states"]["post_error"]
     assert two["F2"]["shared_states"]["post_error"] == both

@@ -4,24 +4,17 @@ numbers computed by hand, the clean / post-error accuracy counts, and the repair
 import numpy as np
 import pytest
 
-from bmrl.eval.decompose import Episodes, Estimate
+from bmrl.eval.bootstrap import Interval
+from bmrl.eval.decompose import Episodes
 from bmrl.eval.states import paired_state_counts, state_accuracy_counts
-from bmrl.eval.verdicts import (
-    RULES,
-    VERDICTS,
-    f1_intervals,
-    f1_verdict,
-    f2_intervals,
-    f2_verdict,
-    f3_intervals,
-    f3_verdict,
-)
+from bmrl.study.findings import f1_finding, f2_intervals, f3_intervals
+from bmrl.study.verdicts import RULES, VERDICTS, f1_verdict, f2_verdict, f3_verdict
 
 F, T = False, True
 
 
 def iv(mean, lower, upper, n=20):
-    return Estimate(mean, lower, upper, n)
+    return Interval(mean, lower, upper, n)
 
 
 # ---- rules ---------------------------------------------------------------------------------------
@@ -42,6 +35,8 @@ def test_f1_rule_reads_plain_dicts():
     assert f1_verdict({"mean": 0.1, "lower": 0.05, "upper": 0.2, "num_tasks": 30}).verdict == "as_study"
     with pytest.raises(TypeError, match="mean, lower, upper"):
         f1_verdict(0.1)
+    v = f1_verdict(iv(0.1, 0.02, 0.2), t_small=5, t_large=8)
+    assert "the gain at T=8 minus the gain at T=5 is +0.100 [+0.020, +0.200]" in v.sentence()
 
 
 @pytest.mark.parametrize("dr, dc, d, want", [
@@ -77,6 +72,11 @@ def test_f3_rule():
 # ---- intervals -----------------------------------------------------------------------------------
 
 
+def f1_intervals(base, trained, ts=None, **kw):
+    ts = ts or list(range(1, base.shape[1] + 1))
+    return f1_finding(base, {"rl": trained}, ts, main="rl", **kw).intervals
+
+
 def test_f1_intervals_are_paired_differences_of_gains():
     rng = np.random.default_rng(0)
     base = rng.uniform(size=(30, 3))
@@ -89,7 +89,26 @@ def test_f1_intervals_are_paired_differences_of_gains():
     same = f1_intervals(base, base, num_resamples=200)["gain_large_minus_small"]
     assert (same.mean, same.lower, same.upper) == (0.0, 0.0, 0.0) and f1_verdict(same).verdict == "inconclusive"
     with pytest.raises(ValueError, match="same shape"):
-        f1_intervals(base, base[:, :2])
+        f1_intervals(base, base[:, :2], ts=[1, 2, 3])
+
+
+def test_f1_at_a_small_t_inside_the_grid():
+    """G is taken at the small T asked for (reproduce.small_t), not the grid's smallest; the gain curve
+    (the figure) and the gains at both T are the same bootstrap, so they agree to the last digit."""
+    rng = np.random.default_rng(3)
+    base = rng.uniform(size=(30, 3))
+    trained = base + np.array([0.3, 0.1, 0.25]) + rng.normal(0, 0.05, (30, 3))
+    f = f1_finding(base, {"rl": trained, "other": base}, [4, 5, 8], main="rl", small_t=5, num_resamples=200)
+    g = f.intervals["gain_large_minus_small"]
+    assert f.facts == {"T_small": 5, "T_large": 8} and g.mean == pytest.approx(0.15, abs=0.03)
+    est, lo, hi = f.curves["rl"]
+    assert (f.intervals["gain_small"].mean, f.intervals["gain_small"].lower, f.intervals["gain_small"].upper) == (
+        est[1], lo[1], hi[1])
+    assert (f.intervals["gain_large"].lower, f.intervals["gain_large"].upper) == (lo[2], hi[2])
+    assert "T=8 minus the gain at T=5" in f.sentence() and f.verdict.verdict == "as_study"
+    np.testing.assert_array_equal(f.curves["other"][0], 0.0)
+    with pytest.raises(ValueError, match="not on the grid"):
+        f1_finding(base, {"rl": trained}, [4, 5, 8], main="rl", small_t=6)
 
 
 def test_f1_intervals_two_level_over_seeds_is_wider():
@@ -154,6 +173,10 @@ def test_f2_intervals_ratio_of_sums_and_self_pairing():
     for m in ("delta_clean_accuracy", "delta_recovery_accuracy", "recovery_minus_clean"):
         assert (one[m].mean, one[m].lower, one[m].upper) == (0.0, 0.0, 0.0)
     assert one["recovery_minus_clean"].num_tasks == 1
+    # each policy's accuracy on the shared states: their difference is the reported change
+    for kind, d in (("clean", "delta_clean_accuracy"), ("recovery", "delta_recovery_accuracy")):
+        b, t = one[f"paired_base_{kind}_accuracy"], one[f"paired_trained_{kind}_accuracy"]
+        assert t.mean - b.mean == pytest.approx(one[d].mean)
     assert f2_verdict(one["delta_recovery_accuracy"], one["delta_clean_accuracy"], one["recovery_minus_clean"]).verdict == "inconclusive"
 
 

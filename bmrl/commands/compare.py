@@ -11,7 +11,7 @@ output directory holding one (`<run>/policy`), or a scripted policy `scripted:NA
                                            no memory of the error)
 Both policies are evaluated on the same held-out test tasks with the same keys (the config's eval
 section: ts, ks, attempts, num_tasks, mode, bootstrap); F1 and F2 get a verdict (as_study, opposite or
-inconclusive) by the written rules of `bmrl.eval.verdicts`. Writes report.md and summary.json (verdicts
+inconclusive) by the written rules of `bmrl.study.verdicts`. Writes report.md and summary.json (verdicts
 at summary.json["findings"]["F1"|"F2"]["verdict"]) to --out (default <out_dir>/compare).
 Exit status 0 on success, 2 on a bad config, SPEC or directory.
 """
@@ -103,7 +103,7 @@ def _run(args: argparse.Namespace, cfg) -> int:
 
     from bmrl import build as pol
     from bmrl.eval.evaluate import evaluate
-    from bmrl.eval.verdicts import compare_findings
+    from bmrl.study.findings import compare_findings
 
     specs = {"base": parse_spec(args.base), "trained": parse_spec(args.trained)}
     python = cfg.env.kind == "python"
@@ -139,14 +139,14 @@ def _run(args: argparse.Namespace, cfg) -> int:
                 "seed": cfg.seed, "bootstrap resamples": e.bootstrap}
     out = args.out or os.path.join(cfg.out_dir, "compare")
     os.makedirs(out, exist_ok=True)
-    summary = {"findings": findings, "policies": {n: r.summary() for n, r in results.items()}, "settings": settings,
+    summary = {"findings": {k: f.to_dict() for k, f in findings.items()}, "policies": {n: r.summary() for n, r in results.items()}, "settings": settings,
                "interval": INTERVAL, "suites": suites}
     with open(os.path.join(out, "summary.json"), "w") as f:
         json.dump(_no_nan(summary), f, indent=2, default=float, allow_nan=False)
     with open(os.path.join(out, "report.md"), "w") as f:
         f.write(report(findings, results, settings, suites))
-    for v in findings.values():
-        print(v["sentence"])
+    for f in findings.values():
+        print(f.sentence())
     print(f"wrote {os.path.join(out, 'report.md')}, {os.path.join(out, 'summary.json')}")
     return 0
 
@@ -167,31 +167,26 @@ INTERVAL = "95% bootstrap interval over tasks, paired (both policies on the same
 
 def report(findings: dict, results: dict, settings: dict, suites: dict | None = None) -> str:
     """report.md: settings, how the tasks were split (`bmrl.build.suite_summary`), the verdicts with their
-    intervals and rules, and both policies' measures."""
+    intervals and rules (`bmrl.study.findings.compare_findings`), and both policies' measures."""
     from bmrl.build import suite_line
     from bmrl.eval import markdown
-    from bmrl.eval.states import state_accuracy_counts
-    from bmrl.eval.verdicts import STUDY
+    from bmrl.study.verdicts import STUDY
 
-    def iv(d):
-        return f"{d['mean']:+.3f} [{d['lower']:+.3f}, {d['upper']:+.3f}]"
-
-    rows = [["F1", findings["F1"]["verdict"], "gain at the largest T minus at the smallest T",
-             iv(findings["F1"]["intervals"]["gain_large_minus_small"])],
-            ["F2", findings["F2"]["verdict"], "dRec - dClean (post-error minus clean-state accuracy change)",
-             iv(findings["F2"]["intervals"]["recovery_minus_clean"])],
-            ["F2", "", "dClean (clean-state accuracy change)", iv(findings["F2"]["intervals"]["delta_clean_accuracy"])],
-            ["F2", "", "dRec (post-error accuracy change)", iv(findings["F2"]["intervals"]["delta_recovery_accuracy"])]]
-    shared = findings["F2"]["shared_states"]
+    f1, f2 = findings["F1"], findings["F2"]
+    t_small, t_large = f1.facts["T_small"], f1.facts["T_large"]
+    rows = [["F1", f1.verdict.verdict, f"gain at T={t_large} minus at T={t_small}",
+             f1.intervals["gain_large_minus_small"].format(signed=True)],
+            ["F2", f2.verdict.verdict, "dRec - dClean (post-error minus clean-state accuracy change)",
+             f2.intervals["recovery_minus_clean"].format(signed=True)],
+            ["F2", "", "dClean (clean-state accuracy change)", f2.intervals["delta_clean_accuracy"].format(signed=True)],
+            ["F2", "", "dRec (post-error accuracy change)", f2.intervals["delta_recovery_accuracy"].format(signed=True)]]
+    shared = f2.facts["shared_states"]
     ts = results["base"].ts
     head = ["policy"] + [f"P@(1,{t})" for t in ts] + ["clean-state acc", "post-error acc", "errors per turn"]
-    prow = []
-    def acc(c, kind):
-        return f"{c[kind + '_right'].sum() / c[kind].sum():.3f}" if c[kind].sum() else "n/a"
-
+    prow = []  # each policy's own (on-policy) accuracies: F2's base_* and trained_* intervals
     for name, r in results.items():
-        c = state_accuracy_counts(r.episodes)
-        prow.append([name] + [f"{v:.3f}" for v in r.pass1()[0]] + [acc(c, "clean"), acc(c, "post_error"),
+        prow.append([name] + [f"{v:.3f}" for v in r.pass1()[0]] + [f2.intervals[f"{name}_clean_accuracy"].format(),
+                                                                     f2.intervals[f"{name}_recovery_accuracy"].format(),
                                                                      f"{r.decomposition.error_rate.mean:.3f}"])
     parts = [
         "# bmrl compare", "",
@@ -200,11 +195,12 @@ def report(findings: dict, results: dict, settings: dict, suites: dict | None = 
         markdown.table(["finding", "verdict", "statistic", "mean [95% interval]"], rows), "",
         (f"F2 compares the two policies on the states both met: {shared['clean']} clean states and "
          f"{shared['post_error']} states right after a first error."), "",
-        *[f"- {findings[k]['sentence']}" for k in ("F1", "F2")], "", "## Rules", "",
-        *[f"- {k}: {findings[k]['rule']}" for k in ("F1", "F2")], "", "## Policies", "",
+        *[f"- {findings[k].sentence()}" for k in ("F1", "F2")], "", "## Rules", "",
+        *[f"- {k}: {findings[k].verdict.rule}" for k in ("F1", "F2")], "", "## Policies", "",
         markdown.table(head, prow), "",
         ("Clean state: no error earlier in the attempt (on the oracle's path). Post-error state: the turn right "
          "after an error (a wrong action or one the environment reported). Accuracy: the policy's action equals "
-         "the oracle's."), "",
+         "the oracle's; in this table each policy's own, on the states it met (F2's changes above are on the states "
+         "both met)."), "",
     ]
     return "\n".join(parts)

@@ -124,7 +124,7 @@ def _write_csv(path: str, header: list[str], rows: list) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bmrl.eval.logs import LogFields, LogFormatError
+    from bmrl.logs import LogFields, LogFormatError
 
     try:
         return _run(args, LogFields(
@@ -143,7 +143,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _check_args(args: argparse.Namespace) -> None:
     """Refuse bad arguments before any log is read."""
-    from bmrl.eval.logs import MAX_TURN
+    from bmrl.logs import MAX_TURN
 
     if len(args.logs) > 2:
         raise ValueError(f"give one or two logs, got {len(args.logs)}.")
@@ -158,7 +158,7 @@ def _check_args(args: argparse.Namespace) -> None:
 def _run(args: argparse.Namespace, fields: Any) -> int:
     import numpy as np
 
-    from bmrl.eval.logs import MAX_TURN, read_attempt_log
+    from bmrl.logs import MAX_TURN, read_attempt_log
 
     _check_args(args)
     names = _run_names(args)

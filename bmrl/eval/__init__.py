@@ -1,7 +1,8 @@
-"""Evaluation: Pass@(K,T) surfaces with bootstrap intervals, log readers, budget audit, plots.
+"""Evaluation: Pass@(K,T) surfaces with bootstrap intervals, the decomposition, budget audit, plots
+(harness logs are read by `bmrl.logs`).
 
 Names are loaded lazily from their modules, so `import bmrl.eval` costs nothing and
-`bmrl.eval.logs` / `bmrl.eval.audit` (numpy only) never pull in jax or matplotlib.
+`bmrl.eval.bootstrap` / `bmrl.eval.audit` (numpy only) never pull in jax or matplotlib.
 To export a new name, add it to `_EXPORTS`.
 """
 
@@ -15,14 +16,12 @@ _EXPORTS = {
     "pass_at_kt_per_task": "bmrl.eval.passkt",
     "success_counts": "bmrl.eval.passkt",
     "reference_pass_at_k": "bmrl.eval.passkt",
+    "Interval": "bmrl.eval.bootstrap",
     "SurfaceInterval": "bmrl.eval.bootstrap",
+    "mean_interval": "bmrl.eval.bootstrap",
     "bootstrap_mean": "bmrl.eval.bootstrap",
     "bootstrap_pass_at_kt": "bmrl.eval.bootstrap",
     "paired_difference": "bmrl.eval.bootstrap",
-    "AttemptLog": "bmrl.eval.logs",
-    "LogFields": "bmrl.eval.logs",
-    "LogFormatError": "bmrl.eval.logs",
-    "read_attempt_log": "bmrl.eval.logs",
     "run_audit": "bmrl.eval.audit",
     "paired_audit": "bmrl.eval.audit",
     "budget_visibility_warning": "bmrl.eval.audit",
@@ -36,7 +35,6 @@ _EXPORTS = {
     "attach_injection": "bmrl.eval.evaluate",
     "attempt_keys": "bmrl.eval.evaluate",
     "Episodes": "bmrl.eval.decompose",
-    "Estimate": "bmrl.eval.decompose",
     "Decomposition": "bmrl.eval.decompose",
     "decompose_episodes": "bmrl.eval.decompose",
     "ProbeSet": "bmrl.eval.decompose",
@@ -52,8 +50,8 @@ __all__ = sorted(_EXPORTS)
 
 if TYPE_CHECKING:
     from bmrl.eval.audit import budget_visibility_warning, markdown_surface_table, paired_audit, run_audit
-    from bmrl.eval.bootstrap import SurfaceInterval, bootstrap_mean, bootstrap_pass_at_kt, paired_difference
-    from bmrl.eval.logs import AttemptLog, LogFields, LogFormatError, read_attempt_log
+    from bmrl.eval.bootstrap import (Interval, SurfaceInterval, bootstrap_mean, bootstrap_pass_at_kt, mean_interval,
+                                     paired_difference)
     from bmrl.eval.passkt import pass_at_kt, pass_at_kt_per_task, reference_pass_at_k, success_counts
     from bmrl.eval.plots import plot_difference_heatmap, plot_grouped_bars, plot_pass1_curves, plot_surface_heatmap
 

@@ -18,11 +18,6 @@ if TYPE_CHECKING:
     from bmrl.eval.bootstrap import SurfaceInterval
 
 
-def _fmt(est: float, lo: float, hi: float, signed: bool = False) -> str:
-    f = "{:+.3f}" if signed else "{:.3f}"
-    return f"{f.format(est)} [{f.format(lo)}, {f.format(hi)}]"
-
-
 def _check_cap(surface: SurfaceInterval, production_cap: int) -> int:
     largest = max(surface.ts)
     if production_cap not in surface.ts:
@@ -36,15 +31,15 @@ def run_audit(name: str, surface: SurfaceInterval, production_cap: int, ks: Sequ
     pct = int(round(100 * surface.confidence))
     out = []
     for k in ks or surface.ks:
-        big = surface.cell(k, largest)
-        cap = surface.cell(k, production_cap)
+        big = surface.interval(k, largest)
+        cap = surface.interval(k, production_cap)
         if production_cap >= largest:
-            out.append(f"{name}: Pass@({k},T) is {_fmt(*cap)} at the production cap T={production_cap}, the largest logged T.")
+            out.append(f"{name}: Pass@({k},T) is {cap.format()} at the production cap T={production_cap}, the largest logged T.")
             continue
-        kept = f"keeps {100 * cap[0] / big[0]:.0f}% of it" if big[0] > 0 else "and it was 0 there anyway"
-        lost = big[0] - cap[0]
+        kept = f"keeps {100 * cap.mean / big.mean:.0f}% of it" if big.mean > 0 else "and it was 0 there anyway"
+        lost = big.mean - cap.mean
         out.append(
-            f"{name}: Pass@({k},T) is {_fmt(*big)} at the largest logged T={largest} and {_fmt(*cap)} at the "
+            f"{name}: Pass@({k},T) is {big.format()} at the largest logged T={largest} and {cap.format()} at the "
             f"production cap T={production_cap} ({pct}% intervals); the cap {kept}"
             + (f", losing {lost:.3f} of success probability." if lost > 0 else ".")
         )
@@ -69,18 +64,18 @@ def paired_audit(
     note = difference.significance_note()
     out = [note[0].upper() + note[1:]] if note else []
     for k in ks or difference.ks:
-        d_big, lo_big, hi_big = difference.cell(k, largest)
-        d_cap, lo_cap, hi_cap = difference.cell(k, production_cap)
+        big, cap = difference.interval(k, largest), difference.interval(k, production_cap)
+        d_big, d_cap = big.mean, cap.mean
         sig_big = bool(sig[difference.ks.index(k), difference.ts.index(largest)])
         sig_cap = bool(sig[difference.ks.index(k), difference.ts.index(production_cap)])
-        at_big = f"{_fmt(d_big, lo_big, hi_big, True)} at T={largest}"
-        at_cap = f"{_fmt(d_cap, lo_cap, hi_cap, True)} at the production cap T={production_cap}"
+        at_big = f"{big.format(signed=True)} at T={largest}"
+        at_cap = f"{cap.format(signed=True)} at the production cap T={production_cap}"
         metric = f"Pass@({k},T)"
         if production_cap >= largest:
             verdict = "significant" if sig_big else "not significant"
             out.append(
                 f"At the production cap T={production_cap}, the largest logged T, {name_a} - {name_b} in {metric} "
-                f"is {_fmt(d_big, lo_big, hi_big, True)} ({verdict} at {pct}%); log longer runs to see what a larger cap would change."
+                f"is {big.format(signed=True)} ({verdict} at {pct}%); log longer runs to see what a larger cap would change."
             )
         elif sig_big:
             winner, loser = (name_a, name_b) if d_big > 0 else (name_b, name_a)
@@ -135,8 +130,7 @@ def markdown_surface_table(surface: SurfaceInterval, ts: Sequence[int] | None = 
     for t in ts:
         cells: list[object] = [t]
         for k in surface.ks:
-            est, lo, hi = surface.cell(k, t)
-            text = _fmt(est, lo, hi, signed)
+            text = surface.interval(k, t).format(signed)
             cells.append(f"**{text}**" if signed and sig[surface.ks.index(k), surface.ts.index(t)] else text)
         rows.append(cells)
     return markdown.table(["T"] + [f"K={k}" for k in surface.ks], rows, align="right")

@@ -28,13 +28,94 @@ turned into one), so the same key gives the same numbers on every machine.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 MIN_UNITS_FOR_SIGNIFICANCE = 10  # below this many tasks an interval is reported but never called significant
 _CELLS = 1 << 21  # numbers drawn per chunk of resamples (16 MiB of int64 indices)
+
+
+def significant(lower: Any, upper: Any, num_tasks: int) -> Any:
+    """The one significance rule: the interval excludes 0 and rests on at least
+    MIN_UNITS_FOR_SIGNIFICANCE tasks (a bootstrap over fewer has too few distinct resamples)."""
+    return ((np.asarray(lower) > 0) | (np.asarray(upper) < 0)) & (num_tasks >= MIN_UNITS_FOR_SIGNIFICANCE)
+
+
+@dataclasses.dataclass(frozen=True)
+class Interval:
+    """One number with its bootstrap percentile interval: every interval a report shows is one of these.
+
+    `num_tasks`: the tasks (or (seed, task) units, or probe states) the estimate rests on; 0 = none
+    (the measure is undefined). It formats itself (`format`, `str`) and knows the significance rule
+    (`above_zero`, `below_zero`, `significant`), so every sentence, table and verdict says it alike."""
+
+    mean: float
+    lower: float
+    upper: float
+    num_tasks: int
+
+    @property
+    def defined(self) -> bool:
+        return self.num_tasks > 0 and bool(np.isfinite(self.mean))
+
+    @property
+    def trusted(self) -> bool:
+        """Enough tasks for the interval to decide anything (MIN_UNITS_FOR_SIGNIFICANCE)."""
+        return self.defined and self.num_tasks >= MIN_UNITS_FOR_SIGNIFICANCE
+
+    @property
+    def above_zero(self) -> bool:
+        return self.trusted and self.lower > 0
+
+    @property
+    def below_zero(self) -> bool:
+        return self.trusted and self.upper < 0
+
+    @property
+    def significant(self) -> bool:
+        """The interval excludes 0 and rests on enough tasks (`significant`)."""
+        return self.defined and bool(significant(self.lower, self.upper, self.num_tasks))
+
+    def format(self, signed: bool = False) -> str:
+        """'0.512 [0.401, 0.618]' ('+0.141 [+0.047, +0.219]' when `signed`, for differences); 'n/a' when undefined."""
+        if not self.defined:
+            return "n/a"
+        f = "{:+.3f}" if signed else "{:.3f}"
+        return f"{f.format(self.mean)} [{f.format(self.lower)}, {f.format(self.upper)}]"
+
+    def __str__(self) -> str:
+        return self.format() if self.defined else "n/a (no task)"
+
+    def to_dict(self) -> dict[str, float | int]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def of(cls, x: Any) -> Interval:
+        """An Interval from an Interval or a mapping with mean, lower, upper (and num_tasks; None = NaN)."""
+        if isinstance(x, Interval):
+            return x
+        if isinstance(x, Mapping):
+            num = lambda v: float("nan") if v is None else float(v)  # noqa: E731 (JSON null = undefined)
+            return cls(num(x["mean"]), num(x["lower"]), num(x["upper"]), int(x.get("num_tasks", 0)))
+        raise TypeError(f"an interval needs mean, lower, upper (an Interval or a dict), got {type(x).__name__}.")
+
+
+NAN_INTERVAL = Interval(float("nan"), float("nan"), float("nan"), 0)
+
+
+def mean_interval(per_task: np.ndarray, *, groups: Sequence[int] | np.ndarray | None = None, key: Any = 0,
+                  num_resamples: int = 1000, confidence: float = 0.95) -> Interval:
+    """The mean of `per_task: [units]` over the units where it is defined (NaN left out), with its
+    interval (two levels with `groups`, the seed of each unit); NAN_INTERVAL when none is defined."""
+    v = np.asarray(per_task, np.float64).reshape(-1)
+    ok = np.isfinite(v)
+    if not ok.any():
+        return NAN_INTERVAL
+    g = None if groups is None else np.asarray(groups).reshape(-1)[ok]
+    m, lo, hi = bootstrap_mean(v[ok], groups=g, key=key, num_resamples=num_resamples, confidence=confidence)
+    return Interval(float(m), float(lo), float(hi), int(ok.sum()))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,9 +154,9 @@ class SurfaceInterval:
         return None
 
     def significant(self) -> np.ndarray:
-        """bool [len(ks), len(ts)]: the interval excludes 0 (for differences) and there are enough tasks."""
-        excl = (self.lower > 0) | (self.upper < 0)
-        return excl & self.can_be_significant
+        """bool [len(ks), len(ts)]: the interval excludes 0 (for differences) and there are enough tasks
+        (the rule of `Interval.significant`), with resamples."""
+        return significant(self.lower, self.upper, self.num_tasks) & (self.num_resamples > 0)
 
     def cell(self, k: int, t: int) -> tuple[float, float, float]:
         """(estimate, lower, upper) at K=k, T=t; both must be on the grid."""
@@ -83,6 +164,10 @@ class SurfaceInterval:
             raise KeyError(f"(k={k}, T={t}) is not on the grid ks={list(self.ks)}, ts={list(self.ts)}.")
         i, j = self.ks.index(k), self.ts.index(t)
         return float(self.estimate[i, j]), float(self.lower[i, j]), float(self.upper[i, j])
+
+    def interval(self, k: int, t: int) -> Interval:
+        """The cell at K=k, T=t as an `Interval` (over this surface's tasks)."""
+        return Interval(*self.cell(k, t), self.num_tasks)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: grids, [K][T] nested lists, and the interval settings."""

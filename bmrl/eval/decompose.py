@@ -33,40 +33,9 @@ from bmrl import compiles
 from bmrl.rollout.engine import play
 from bmrl.rollout.model_policy import ModelPolicy
 from bmrl.rollout.policies import Replay, ReplayPolicy
-from bmrl.eval.bootstrap import bootstrap_mean
+from bmrl.eval.bootstrap import Interval, bootstrap_mean, mean_interval
 
 ERROR_KINDS = ("any", "decision", "env")
-
-
-@dataclasses.dataclass(frozen=True)
-class Estimate:
-    """A per-task metric's mean over tasks with its bootstrap interval; `num_tasks` = tasks used."""
-
-    mean: float
-    lower: float
-    upper: float
-    num_tasks: int
-
-    def to_dict(self) -> dict[str, float | int]:
-        return dataclasses.asdict(self)
-
-    def __str__(self) -> str:
-        if self.num_tasks == 0:
-            return "n/a (no task)"
-        return f"{self.mean:.3f} [{self.lower:.3f}, {self.upper:.3f}]"
-
-
-NAN_ESTIMATE = Estimate(float("nan"), float("nan"), float("nan"), 0)
-
-
-def estimate(per_task: np.ndarray, *, key: int = 0, num_resamples: int = 1000, confidence: float = 0.95) -> Estimate:
-    """Mean and bootstrap interval of `per_task: [num_tasks]`, NaN entries (undefined) left out."""
-    v = np.asarray(per_task, np.float64).reshape(-1)
-    v = v[np.isfinite(v)]
-    if v.size == 0:
-        return NAN_ESTIMATE
-    m, lo, hi = bootstrap_mean(v, key=key, num_resamples=num_resamples, confidence=confidence)
-    return Estimate(float(m), float(lo), float(hi), int(v.size))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -200,16 +169,16 @@ def first_error_histogram(ep: Episodes, kind: str = "any") -> np.ndarray:
 class Decomposition:
     """Decision quality and recovery of one set of attempts (see the module docstring)."""
 
-    decision_accuracy: Estimate
-    error_rate: Estimate  # errors per active turn
-    recovery: Estimate  # P(success | any error)
-    recovery_by_turn: dict[int, Estimate]  # 1-based turn of the first error -> P(success | it)
-    back_on_track: Estimate  # P(back on track within `window` turns | an error)
+    decision_accuracy: Interval
+    error_rate: Interval  # errors per active turn
+    recovery: Interval  # P(success | any error)
+    recovery_by_turn: dict[int, Interval]  # 1-based turn of the first error -> P(success | it)
+    back_on_track: Interval  # P(back on track within `window` turns | an error)
     window: int
     first_error_hist: np.ndarray  # [Tm + 1] mean fraction of attempts; index 0 = no error
     first_error_hist_lower: np.ndarray
     first_error_hist_upper: np.ndarray
-    success: Estimate  # P(success) of these attempts (within their caps)
+    success: Interval  # P(success) of these attempts (within their caps)
     errors: str  # the error kind used
     num_attempts: int
 
@@ -249,17 +218,17 @@ def decompose_episodes(
     recovery_t = {}
     for t in range(ep.max_turns):
         if np.isfinite(by_turn[:, t]).any():
-            recovery_t[t + 1] = estimate(by_turn[:, t], key=key + 100 + t, **boot)
+            recovery_t[t + 1] = mean_interval(by_turn[:, t], key=key + 100 + t, **boot)
     return Decomposition(
-        decision_accuracy=estimate(decision_accuracy_per_task(ep), key=key, **boot),
-        error_rate=estimate(err_rate, key=key + 1, **boot),
-        recovery=estimate(pooled, key=key + 2, **boot),
+        decision_accuracy=mean_interval(decision_accuracy_per_task(ep), key=key, **boot),
+        error_rate=mean_interval(err_rate, key=key + 1, **boot),
+        recovery=mean_interval(pooled, key=key + 2, **boot),
         recovery_by_turn=recovery_t,
-        back_on_track=estimate(track_task, key=key + 3, **boot),
+        back_on_track=mean_interval(track_task, key=key + 3, **boot),
         window=window,
         first_error_hist=np.asarray(h_mean), first_error_hist_lower=np.asarray(h_lo),
         first_error_hist_upper=np.asarray(h_hi),
-        success=estimate(ep.per_task(ep.success).mean(1), key=key + 4, **boot),
+        success=mean_interval(ep.per_task(ep.success).mean(1), key=key + 4, **boot),
         errors=errors,
         num_attempts=int(ep.num_tasks * ep.attempts),
     )
@@ -302,7 +271,7 @@ class ProbeResult:
     action: np.ndarray  # int32[S]
     correct: np.ndarray  # bool[S]
     turn: np.ndarray  # int32[S] 0-based turn of the probe
-    accuracy: Estimate
+    accuracy: Interval
     seed: int
     noise: float
 
@@ -386,7 +355,7 @@ def probe_accuracy(policy, env, probes: ProbeSet, rollout_cfg, *, key: Any = 0, 
         raise TypeError(f"policy must be an nnx.Module or a scripted policy, got {type(policy).__name__}.")
     action = np.asarray(action, np.int32)
     correct = action == probes.oracle_action
-    acc = estimate(correct.astype(float), key=17, num_resamples=num_resamples, confidence=confidence)
+    acc = mean_interval(correct.astype(float), key=17, num_resamples=num_resamples, confidence=confidence)
     return ProbeResult(action=action, correct=correct, turn=probes.turn, accuracy=acc, seed=probes.seed, noise=probes.noise)
 
 

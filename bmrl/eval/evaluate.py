@@ -43,8 +43,8 @@ import numpy as np
 from flax import nnx
 
 from bmrl.envs.base import Env
-from bmrl.eval.bootstrap import SurfaceInterval, bootstrap_mean
-from bmrl.eval.decompose import Decomposition, Episodes, Estimate, decompose_episodes, estimate
+from bmrl.eval.bootstrap import Interval, SurfaceInterval, bootstrap_mean, mean_interval
+from bmrl.eval.decompose import Decomposition, Episodes, decompose_episodes
 from bmrl.eval.passkt import pass_at_kt_per_task
 from bmrl.formats import Format
 from bmrl.rollout.engine import check_config, default_format, episode_program
@@ -83,7 +83,7 @@ class EvalResult:
     surface: SurfaceInterval
     episodes: Episodes
     decomposition: Decomposition
-    metrics: dict[str, Estimate]
+    metrics: dict[str, Interval]
     surface_truncate: SurfaceInterval | None = None
     max_abs_difference: float | None = None
     injection: dict[str, Any] | None = None  # {"turns": [...], "prob": p} when errors were injected
@@ -112,7 +112,7 @@ class EvalResult:
             out["pass1_min_over_T"] = {"T": self.ts[j], "mean": float(est[j]), "lower": float(lo[j]), "upper": float(hi[j])}
             out["pass1_at_max_T"] = {"T": self.ts[-1], "mean": float(est[-1]), "lower": float(lo[-1]), "upper": float(hi[-1])}
             out["pass1_by_T"] = {str(t): float(v) for t, v in zip(self.ts, est)}
-        area = estimate(self.per_task.mean(axis=(1, 2)), key=7, num_resamples=self.surface.num_resamples)
+        area = mean_interval(self.per_task.mean(axis=(1, 2)), key=7, num_resamples=self.surface.num_resamples)
         out["area"] = area.to_dict()
         d = self.decomposition
         out["decision_accuracy"] = d.decision_accuracy.to_dict()
@@ -396,7 +396,7 @@ def _surface(per_task: np.ndarray, ks, ts, *, key: int, num_resamples: int, conf
     return SurfaceInterval(est, lo, hi, tuple(ks), tuple(ts), float(confidence), int(num_resamples), per_task.shape[0])
 
 
-def _metrics(big: dict[str, np.ndarray], ep: Episodes, boot: dict) -> dict[str, Estimate]:
+def _metrics(big: dict[str, np.ndarray], ep: Episodes, boot: dict) -> dict[str, Interval]:
     """Trajectory-derived per-task metrics of the cap-max(ts) attempts, with intervals."""
     acted = ep.per_task(ep.turn_active).sum((1, 2)).astype(float)
     won = ep.per_task(ep.success)
@@ -415,7 +415,7 @@ def _metrics(big: dict[str, np.ndarray], ep: Episodes, boot: dict) -> dict[str, 
         "truncated": ep.per_task(big["truncated"]).mean(1),
         "overflow": ep.per_task(big["overflow"]).mean(1),
     }
-    return {name: estimate(v, key=11 + i, **boot) for i, (name, v) in enumerate(per_task.items())}
+    return {name: mean_interval(v, key=11 + i, **boot) for i, (name, v) in enumerate(per_task.items())}
 
 
 def _describe(inject: Injection) -> dict[str, Any] | None:

@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 
 from bmrl.eval import audit, markdown, plots
-from bmrl.eval.bootstrap import MIN_UNITS_FOR_SIGNIFICANCE, SurfaceInterval, surface_interval
-from bmrl.eval.decompose import Estimate, decision_accuracy_per_task, estimate, recovery_per_task
+from bmrl.eval.bootstrap import Interval, SurfaceInterval, mean_interval, surface_interval
+from bmrl.eval.decompose import decision_accuracy_per_task, recovery_per_task
 from bmrl.eval.evaluate import EvalResult
 
 ESTIMATOR = (
@@ -49,12 +49,12 @@ def paired_surface(a: EvalResult, b: EvalResult, *, key: int = 0, names: tuple[s
                             confidence=a.surface.confidence)
 
 
-def _paired_metric(va: np.ndarray, vb: np.ndarray, key: int, num_resamples: int) -> Estimate:
+def _paired_metric(va: np.ndarray, vb: np.ndarray, key: int, num_resamples: int) -> Interval:
     """Mean difference of a per-task metric over tasks where both are defined, with its interval."""
-    return estimate(np.where(np.isfinite(va) & np.isfinite(vb), va - vb, np.nan), key=key, num_resamples=num_resamples)
+    return mean_interval(np.where(np.isfinite(va) & np.isfinite(vb), va - vb, np.nan), key=key, num_resamples=num_resamples)
 
 
-def paired_decomposition(a: EvalResult, b: EvalResult, *, names: tuple[str, str] = ("a", "b")) -> dict[str, Estimate]:
+def paired_decomposition(a: EvalResult, b: EvalResult, *, names: tuple[str, str] = ("a", "b")) -> dict[str, Interval]:
     """a - b in decision accuracy (on-policy; on the probe set when both have it), recovery, and
     success under injected errors (when both have it), paired over tasks (or probe states)."""
     _check_same_tasks(a, b, names)
@@ -74,18 +74,11 @@ def paired_decomposition(a: EvalResult, b: EvalResult, *, names: tuple[str, str]
     return out
 
 
-def _sig(e: Estimate) -> bool:
-    """The interval excludes 0 and rests on enough tasks (the rule of `SurfaceInterval.significant`)."""
-    return e.num_tasks >= MIN_UNITS_FOR_SIGNIFICANCE and (e.lower > 0 or e.upper < 0)
+def _signed(e: Interval) -> str:
+    return e.format(signed=True) + (" *" if e.significant else "")
 
 
-def _signed(e: Estimate) -> str:
-    if e.num_tasks == 0:
-        return "n/a"
-    return f"{e.mean:+.3f} [{e.lower:+.3f}, {e.upper:+.3f}]" + (" *" if _sig(e) else "")
-
-
-def _verdict(a: str, b: str, d: Mapping[str, Estimate]) -> str:
+def _verdict(a: str, b: str, d: Mapping[str, Interval]) -> str:
     """One plain sentence: is a's difference from b in decisions, in recovery, both or neither?"""
     dec = d.get("probe_accuracy", d["decision_accuracy"])
     rec = d.get("injected_recovery", d["recovery"])
@@ -93,15 +86,15 @@ def _verdict(a: str, b: str, d: Mapping[str, Estimate]) -> str:
     parts = []
     parts.append(
         f"single-step decision accuracy {where} differs by {_signed(dec)}"
-        + (" (significant)" if _sig(dec) else " (not significant)")
+        + (" (significant)" if dec.significant else " (not significant)")
     )
     label = "under equalised injected errors" if "injected_recovery" in d else "after its own errors"
-    parts.append(f"recovery {label} differs by {_signed(rec)}" + (" (significant)" if _sig(rec) else " (not significant)"))
-    if _sig(rec) and not _sig(dec):
+    parts.append(f"recovery {label} differs by {_signed(rec)}" + (" (significant)" if rec.significant else " (not significant)"))
+    if rec.significant and not dec.significant:
         tail = f"so what separates {a} from {b} is recovery after errors, not better single decisions."
-    elif _sig(dec) and not _sig(rec):
+    elif dec.significant and not rec.significant:
         tail = f"so what separates {a} from {b} is better single decisions, not recovery."
-    elif _sig(dec) and _sig(rec):
+    elif dec.significant and rec.significant:
         tail = f"so {a} and {b} differ in both single decisions and recovery."
     else:
         tail = "so neither difference is resolved at this sample size."
@@ -142,12 +135,13 @@ def _metric_table(result: EvalResult) -> str:
 def _recovery_table(result: EvalResult) -> str:
     d = result.decomposition
     hist = d.first_error_hist
-    rows: list[list[object]] = [["none", f"{hist[0]:.3f} [{d.first_error_hist_lower[0]:.3f}, {d.first_error_hist_upper[0]:.3f}]", ""]]
+    share = lambda t: Interval(hist[t], d.first_error_hist_lower[t], d.first_error_hist_upper[t], result.num_tasks).format()  # noqa: E731
+    rows: list[list[object]] = [["none", share(0), ""]]
     for t in range(1, len(hist)):
         if hist[t] <= 0 and t not in d.recovery_by_turn:
             continue
         rec = d.recovery_by_turn.get(t)
-        rows.append([t, f"{hist[t]:.3f} [{d.first_error_hist_lower[t]:.3f}, {d.first_error_hist_upper[t]:.3f}]",
+        rows.append([t, share(t),
                      f"{rec} ({rec.num_tasks} tasks)" if rec else ""])
     return markdown.table(["first error at turn", "share of attempts", "P(success given it)"], rows, align="right")
 
@@ -187,7 +181,7 @@ def write_report(
 
     comparisons: dict[str, dict[str, Any]] = {}
     diffs: dict[str, SurfaceInterval] = {}
-    decomp_diffs: dict[str, dict[str, Estimate]] = {}
+    decomp_diffs: dict[str, dict[str, Interval]] = {}
     for n in names:
         if baseline is None or n == baseline:
             continue
@@ -307,7 +301,7 @@ def _markdown(title, description, settings, results, baseline, diffs, comparison
 
     # Headline table and sentences.
     lines += ["## Summary", ""]
-    fmt = lambda d: f"{d['mean']:.3f} [{d['lower']:.3f}, {d['upper']:.3f}]" if d else "n/a"  # noqa: E731
+    fmt = lambda d: Interval.of({"num_tasks": first.num_tasks, **d}).format() if d else "n/a"  # noqa: E731
     summary_rows = []
     for n, r in results.items():
         s = r.summary()
@@ -361,7 +355,7 @@ def _markdown(title, description, settings, results, baseline, diffs, comparison
             audit.markdown_surface_table(d, _surface_rows_shown(d.ts), signed=True), "",
             f"![difference](difference_{n}.png)", "",
             markdown.table(["metric", "difference"], [
-                [key.replace("_", " "), _signed(Estimate(**c[key]))]
+                [key.replace("_", " "), _signed(Interval.of(c[key]))]
                 for key in ("decision_accuracy", "probe_accuracy", "recovery", "injected_success", "injected_recovery")
                 if key in c
             ], align=["left", "right"]),

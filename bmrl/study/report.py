@@ -1,81 +1,52 @@
-"""The study's report in words and tables: what each finding measured, in sentences; the summary and
-per-seed tables; report.md (`bmrl reproduce` writes it with the figures of `bmrl.eval.figures`)."""
+"""The study's report in words and tables, read from the one result of each finding (`bmrl.study.
+findings.Study`): what each finding measured, in sentences; the summary and per-seed tables;
+report.md (`bmrl reproduce` writes it with the figures of `bmrl.study.figures`). Every interval is an
+`Interval` formatted by itself, so a number reads the same wherever it appears."""
 
 from __future__ import annotations
 
 import os
 
-import numpy as np
 
 from bmrl.config import Config
 from bmrl.eval import markdown
-from bmrl.eval.findings import BASE, mean_interval
+from bmrl.study.findings import BASE, LEVELS, Study, f2_point
+
+F1_SAYS = {"as_study": "so RL's gain shrinks when the budget is tight",
+           "opposite": "so here RL's gain is larger at the tight budget",
+           "inconclusive": "and the two gains are not distinguishable on this run (F1's verdict says why)"}
 
 
-def _fmt(e: dict, pct: bool = False) -> str:
-    if not np.isfinite(e["mean"]):
-        return "n/a"
-    s = 100.0 if pct else 1.0
-    return f"{e['mean'] * s:+.3f} [{e['lower'] * s:+.3f}, {e['upper'] * s:+.3f}]"
-
-
-
-def _plain(e: dict) -> str:
-    return "n/a" if not np.isfinite(e["mean"]) else f"{e['mean']:.3f} [{e['lower']:.3f}, {e['upper']:.3f}]"
-
-
-
-def _excludes_zero(e: dict) -> bool:
-    return bool(np.isfinite(e["mean"]) and (e["lower"] > 0 or e["upper"] < 0))
-
-
-
-def finding_sentences(f: dict, rep) -> list[str]:
-    """What was measured for each finding, in plain sentences (the verdicts are `verdicts`')."""
-    gl, gs, gd = f["gain_large"], f["gain_small"], f["gain_large_minus_small"]
-    if _excludes_zero(gd) and gd["mean"] > 0:
-        verdict = "so RL's gain shrinks when the budget is tight"
-    elif _excludes_zero(gd):
-        verdict = "so here RL's gain is larger at the tight budget"
-    else:
-        verdict = "and the two gains are not distinguishable on this run (the interval of their difference includes 0)"
+def finding_sentences(study: Study, rep) -> list[str]:
+    """What was measured for each finding, in plain sentences; each conclusion is its verdict's."""
+    f1, f2, f3 = study.findings
+    gl, gs, gd = (f1.intervals[k] for k in ("gain_large", "gain_small", "gain_large_minus_small"))
+    t_large, t_small = f1.facts["T_large"], f1.facts["T_small"]
     s1 = (f"1. Budget dependence: RL with the generous budget ({rep.generous}) changed Pass@(1,T) over the base by "
-          f"{_fmt(gl)} at T={f['T_large']} and by {_fmt(gs)} at T={f['T_small']}; the large-T gain minus the small-T "
-          f"gain is {_fmt(gd)}, {verdict}.")
-    da, dr = f["delta_decision_accuracy"], f["delta_recovery"]
+          f"{gl.format(signed=True)} at T={t_large} and by {gs.format(signed=True)} at T={t_small}; the gain at "
+          f"T={t_large} minus the gain at T={t_small} is {gd.format(signed=True)}, {F1_SAYS[f1.verdict.verdict]}.")
+    on = f2.levels
     extra = ""
-    if "delta_probe_accuracy" in f:
-        extra += f" On the fixed probe set of noisy-oracle states, decision accuracy changed by {_fmt(f['delta_probe_accuracy'])}."
-    if "delta_injected_success" in f:
-        extra += (f" With an error forced at turns {list(rep.inject_turns)}, success at T={f['T_large']} changed by "
-                  f"{_fmt(f['delta_injected_success'])}.")
-    if abs(dr["mean"]) > abs(da["mean"]) and _excludes_zero(dr):
-        verdict2 = ("the gain shows more in recovery than in single decisions on these (different) scales; F2's "
-                    "verdict compares them on the same states")
-    elif _excludes_zero(da) and not _excludes_zero(dr):
-        verdict2 = "here the gain shows in single decisions rather than in recovery"
-    else:
-        verdict2 = "neither change clearly dominates on this run"
-    s2 = (f"2. What RL changed: single-step decision accuracy (on-policy, action = oracle) changed by {_fmt(da)}, "
-          f"recovery P(success | an error) by {_fmt(dr)}; {verdict2}.{extra}")
-    mp, ar, mm = f["min_pass1"], f["area"], f["mix_minus"]
-    parts = []
-    for other in (rep.generous, rep.tight):
-        parts.append(f"against {other}: min over T of Pass@(1,T) {_fmt(mm[other]['min_pass1'])}, area {_fmt(mm[other]['area'])}")
-    robust = all(mm[o]["min_pass1"]["mean"] >= 0 and mm[o]["area"]["mean"] >= 0 for o in (rep.generous, rep.tight))
-    better = all(_excludes_zero(mm[o]["area"]) and mm[o]["area"]["mean"] > 0 for o in (rep.generous, rep.tight))
-    verdict3 = ("BudgetMix is ahead of both fixed budgets on the area, with intervals excluding 0" if better else
-                "BudgetMix is at least level with both fixed budgets on both measures" if robust else
-                "BudgetMix is not ahead of both fixed budgets on this run")
-    s3 = (f"3. BudgetMix across T: {rep.budgetmix} has min over T of Pass@(1,T) {_plain(mp[rep.budgetmix])} and area "
-          f"{_plain(ar[rep.budgetmix])} (fixed generous {_plain(mp[rep.generous])} / {_plain(ar[rep.generous])}, fixed "
-          f"tight {_plain(mp[rep.tight])} / {_plain(ar[rep.tight])}); differences {'; '.join(parts)}; {verdict3}.")
+    if "delta_probe_accuracy" in on:
+        extra += (" On the fixed probe set of noisy-oracle states, decision accuracy changed by "
+                  f"{on['delta_probe_accuracy'].format(signed=True)}.")
+    if "delta_injected_success" in on:
+        extra += (f" With an error forced at turns {list(rep.inject_turns)}, success at T={t_large} changed by "
+                  f"{on['delta_injected_success'].format(signed=True)}.")
+    s2 = (f"2. What RL changed, on each policy's own states (on-policy): single-step decision accuracy (action = "
+          f"oracle) changed by {on['delta_decision_accuracy'].format(signed=True)}, recovery P(success | an error) by "
+          f"{on['delta_recovery'].format(signed=True)}; these are on different states and scales, F2's verdict "
+          f"compares the two on the states both policies met.{extra}")
+    mp, ar, mm = f3.levels["min_pass1"], f3.levels["area"], f3.intervals
+    parts = [f"against {o}: " + ", ".join(f"{m} {e.format(signed=True)}" for m, e in mm[o].items()) for o in mm]
+    s3 = (f"3. BudgetMix across T: {rep.budgetmix} has min over T of Pass@(1,T) {mp[rep.budgetmix]} and area "
+          f"{ar[rep.budgetmix]} (fixed generous {mp[rep.generous]} / {ar[rep.generous]}, fixed tight {mp[rep.tight]} / "
+          f"{ar[rep.tight]}); BudgetMix minus each fixed budget: {'; '.join(parts)}.")
     return [s1, s2, s3]
 
 
-
-def summary_table(pooled: dict, names: list[str], ks: tuple[int, ...], ts: tuple[int, ...], resamples: int) -> tuple[str, dict]:
-    """Markdown table, one row per policy, and the same numbers as a dict."""
+def summary_table(pooled: dict, study: Study, names: list[str], ks: tuple[int, ...], ts: tuple[int, ...]) -> tuple[str, dict]:
+    """Markdown table, one row per policy, and the same numbers as a dict (the levels of `study`)."""
     k1 = ks.index(1)
     head = ["policy"] + [f"P@(1,{t})" for t in ts] + ["min_T P@(1,T)", "area", "decision acc", "probe acc",
                                                     "P(success|error)", "success w/ injected error"]
@@ -87,23 +58,20 @@ def summary_table(pooled: dict, names: list[str], ks: tuple[int, ...], ts: tuple
         row = {f"pass1_T{t}": float(v) for t, v in zip(ts, curve)}
         row["min_pass1"] = float(curve.min())
         row["area"] = float(p["surface"].mean())
-        for key, label in (("decision_accuracy", "decision acc"), ("probe_accuracy_states", "probe acc"),
-                           ("recovery", "P(success|error)"), ("injected_success", "inj")):
-            row[key] = mean_interval(p[key], resamples, 12) if key in p else None
+        levels = study.levels[name]
+        row.update({m: levels[m].to_dict() if m in levels else None for m in LEVELS})
         cells = [name] + [f"{v:.3f}" for v in curve] + [f"{row['min_pass1']:.3f}", f"{row['area']:.3f}"]
-        cells += [_plain(row[k]) if row[k] else "-" for k in ("decision_accuracy", "probe_accuracy_states", "recovery", "injected_success")]
+        cells += [levels[m].format() if m in levels else "-" for m in LEVELS]
         lines.append(cells)
         table[name] = row
     return markdown.table(head, lines), table
 
 
-
 def per_seed_table(per_seed: list[dict], seed_results: list[dict], seeds, rep, ks, ts) -> tuple[str, list[dict]]:
     """Each training seed's own values of the three findings' measures (no intervals): a markdown table
-    and the same rows as dicts. G: F1's large-T minus small-T gain of the generous variant; dClean,
-    dRec, D: F2's paired accuracy changes; area differences: F3's BudgetMix minus each fixed budget."""
-    from bmrl.eval.verdicts import f2_point
-
+    and the same rows as dicts. G: F1's gain at the largest T minus at `small_t` of the generous
+    variant; dClean, dRec, D: F2's paired accuracy changes; area differences: F3's BudgetMix minus each
+    fixed budget."""
     k1, j_small = ks.index(1), ts.index(rep.small_t)
     rows, cells = [], []
     for seed, metrics, res in zip(seeds, per_seed, seed_results):
@@ -117,30 +85,30 @@ def per_seed_table(per_seed: list[dict], seed_results: list[dict], seeds, rep, k
                **{f"area_mix_minus_{o}": float(mix_area - metrics[o]["surface"].mean()) for o in (rep.generous, rep.tight)}}
         rows.append(row)
         cells.append([str(seed)] + [f"{v:+.3f}" for k, v in row.items() if k != "seed"])
-    head = ["seed", "F1: G", "F2: dClean", "F2: dRec", "F2: D", f"F3: area mix - {rep.generous}",
-            f"F3: area mix - {rep.tight}"]
+    head = ["seed", f"F1: G (T={ts[-1]} - T={rep.small_t})", "F2: dClean", "F2: dRec", "F2: D",
+            f"F3: area mix - {rep.generous}", f"F3: area mix - {rep.tight}"]
     return markdown.table(head, cells), rows
 
 
-
-def base_description(cfg: Config, f2_intervals: dict | None = None) -> str:
-    """How the SFT base was made (and, given F2's intervals, its own clean and post-error accuracy)."""
+def base_description(cfg: Config, study: Study | None = None) -> str:
+    """How the SFT base was made (and, given the study, its own clean and post-error accuracy: F2's
+    on-policy levels)."""
     s = cfg.sft
     made = (f"an SFT base ({f'initialised from `{cfg.model.path}`' if cfg.model.path else 'a tiny policy trained from scratch'}) "
             f"cloned from noisy-oracle demonstrations (a random wrong action with probability {s.noise} per turn; "
             f"{1 - s.recovery:.0%} of the demonstrations end at the demonstrator's first mistake, {s.recovery:.0%} go on "
             "and show the oracle's repair)")
-    if f2_intervals and "base_clean_accuracy" in f2_intervals:
-        c, r = f2_intervals["base_clean_accuracy"], f2_intervals["base_recovery_accuracy"]
-        if np.isfinite(c["mean"]) and np.isfinite(r["mean"]):
-            made += (f"; the base's own accuracy P(action = oracle) is {_plain(c)} in clean states and {_plain(r)} right "
-                     "after an error")
+    if study is not None:
+        c, r = study.f2.intervals["base_clean_accuracy"], study.f2.intervals["base_recovery_accuracy"]
+        if c.defined and r.defined:
+            made += (f"; the base's own accuracy P(action = oracle) on the states it met is {c} in clean states and "
+                     f"{r} right after an error")
     return made
 
 
 
-def report_md(cfg: Config, env: str, sentences, table_md, figures, seed_reports, wall, seeds, units, f2_intervals=None,
-              seeds_md: str = "", suites_md: str = "", missing: list[str] | None = None) -> str:
+def report_md(cfg: Config, env: str, sentences, table_md, figures, seed_reports, wall, seeds, units,
+              study: Study | None = None, seeds_md: str = "", suites_md: str = "", missing: list[str] | None = None) -> str:
     """report.md of the study: setup, findings (verdict sentences, then what was measured), per-seed
     values, the summary table, figures and links to the per-seed reports. `env`: the env as named."""
     rep = cfg.reproduce
@@ -161,7 +129,7 @@ def report_md(cfg: Config, env: str, sentences, table_md, figures, seed_reports,
         "summary.json, from the intervals; the sentences are generated from the verdicts.",
         "",
         f"Environment `{env}` {dict(cfg.env.options)}. Seeds {list(rep.seeds)}; "
-        f"each seed: {base_description(cfg, f2_intervals)}, then {cfg.train.steps} RL steps ({cfg.train.advantage}, {cfg.train.tasks_per_step} "
+        f"each seed: {base_description(cfg, study)}, then {cfg.train.steps} RL steps ({cfg.train.advantage}, {cfg.train.tasks_per_step} "
         f"tasks x {cfg.train.group_size} attempts) from that base under each budget: {variants}. Every policy is evaluated on "
         f"the same {cfg.eval.num_tasks} held-out tasks x {cfg.eval.attempts} attempts at T in {list(cfg.eval.ts)} with "
         f"real caps (exact mode). Intervals: 95% bootstrap intervals over seeds and tasks ({units} (seed, task) units; "

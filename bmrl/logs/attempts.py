@@ -8,7 +8,7 @@ A record names its task and says when (if ever) the attempt first succeeded, in 
 2. `turn_success`: a per-turn list of booleans (or 0/1); first success = 1 + index of the first true.
 3. `success` and `turns`: the attempt succeeded (bool) and used `turns` turns; first success = turns.
 
-Records are parsed one line at a time (`bmrl.eval.log_files`) into `array` buffers (task index,
+Records are parsed one line at a time (`bmrl.logs.files`) into `array` buffers (task index,
 turn, line number, attempt id hash); no per-record Python object is kept alive, so 10^6 attempts
 stream in about 20 bytes each. Task ids are mapped to ints through one dict of unique ids. Turns are
 bounded by MAX_TURN (a larger one is refused on its line), so no grid over T can explode.
@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from bmrl.eval.log_files import (
+from bmrl.logs.files import (
     JSONL_SUFFIXES,
     LogFormatError,
     detect_format,
