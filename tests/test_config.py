@@ -151,6 +151,19 @@ def test_layers_merge_in_order():
     assert config.build({"train": None}) == Config()  # an empty section in YAML is the defaults
 
 
+def test_default_grid_fits_the_turn_buffer():
+    """eval.ts left at its default follows rollout.max_turns (a user who sets max_turns 8 is not refused
+    for a default grid reaching 16); an explicit grid is kept; the resolved grid is what config.yaml holds."""
+    assert Config().eval.ts == [1, 2, 4, 8, 16]
+    assert config.load(None, ["rollout.max_turns=8"]).eval.ts == [1, 2, 4, 8]
+    assert config.load(None, ["rollout.max_turns=12"]).eval.ts == [1, 2, 4, 8, 12]
+    assert config.load(None, ["rollout.max_turns=8", "eval.ts=[1,3]"]).eval.ts == [1, 3]
+    cfg = config.load(None, ["rollout.max_turns=8", "budget.budgets=[4]", "reproduce.small_t=4"])
+    assert yaml.safe_load(config.to_yaml(cfg))["eval"]["ts"] == [1, 2, 4, 8]
+    with pytest.raises(ConfigError, match="eval.ts"):
+        config.load(None, ["rollout.max_turns=8", "eval.ts=[1,16]"])
+
+
 def test_resolved_yaml_round_trips(tmp_path, capsys):
     overrides = ["budget.kind=uniform", "budget.lo=2", "budget.hi=6", "env.options.length=5", "train.optim.lr=0.002"]
     assert main(["config", *overrides]) == 0

@@ -145,7 +145,7 @@ class TrainCfg:
 class EvalCfg:
     """Pass@(K,T) evaluation on the held-out suite, and the decision-accuracy probe."""
 
-    ts: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16])  # turn budgets T of the surface; each <= rollout.max_turns
+    ts: Optional[list[int]] = None  # turn budgets T of the surface, each <= rollout.max_turns; null = the powers of 2 below rollout.max_turns and max_turns itself ([1, 2, 4, 8, 16] at 16, [1, 2, 4, 8] at 8)
     ks: list[int] = field(default_factory=lambda: [1, 2, 4, 8])  # attempt counts K of the surface; each <= attempts
     attempts: int = 8  # n attempts per task (K <= n)
     num_tasks: int = 64  # held-out tasks evaluated
@@ -228,6 +228,17 @@ class Config:
     checkpoint: CheckpointCfg = field(default_factory=CheckpointCfg)
     mesh: MeshCfg = field(default_factory=MeshCfg)
     reproduce: ReproduceCfg = field(default_factory=ReproduceCfg)
+
+    def __post_init__(self) -> None:
+        if self.eval.ts is None:  # the default grid fits the turn buffer it runs in
+            self.eval.ts = default_ts(self.rollout.max_turns)
+
+
+def default_ts(max_turns: int) -> list[int]:
+    """The default grid of turn budgets for a turn buffer of `max_turns`: the powers of 2 below it, then
+    `max_turns` itself ([1, 2, 4, 8, 16] at 16, [1, 2, 4, 8, 12] at 12), so every T is a cap the rollout runs."""
+    out = [t for t in (2 ** i for i in range(max(int(max_turns), 1).bit_length())) if t < max_turns]
+    return out + [max(int(max_turns), 1)]
 
 
 # ---- reading the schema -----------------------------------------------------------------------------
