@@ -38,12 +38,13 @@ from bmrl import config as config_lib
 from bmrl import build as policy_lib
 from bmrl import memory as memory_lib
 from bmrl.distributed import to_host
-from bmrl.checkpoint import Checkpointer, key_data, probe_writable
+from bmrl.checkpoint import Checkpointer, key_data
 from bmrl.learn import optimizer_from_config
 from bmrl.learn import step as step_lib
-from bmrl.metrics import MetricsLogger, Progress, read_jsonl, to_scalar, write_json_atomic, write_jsonl_atomic
+from bmrl.metrics import MetricsLogger, Progress, read_jsonl, to_scalar, write_jsonl_atomic
 from bmrl.parallel import make_mesh, param_shardings, shard_batch, state_shardings
 from bmrl.rollout import Injection, check_config, make_rollout
+from bmrl.rundir import RunDir
 
 EVAL_STREAM = 0x3E7A1  # fold_in constant separating evaluation keys from training keys
 
@@ -123,14 +124,6 @@ def _rollout_stats(traj) -> dict:
     )
 
 
-def _check_resume_config(saved: dict | None, cfg) -> list[str]:
-    """Keys whose values differ between the checkpoint's config and this run's (out_dir ignored)."""
-    if not saved:
-        return []
-    return config_lib.changed_keys(saved, config_lib.to_dict(cfg), ignore=("out_dir", "train.steps"))
-
-
-
 def place_learner(optimizer, params: Any, mesh) -> tuple[Any, Any, tuple[Any, Any]]:
     """The learner's pinned layouts: `params` placed on `mesh` by the partition rules and a fresh
     optimizer state following them (bmrl.parallel). Returns (params, opt_state, (param_shardings,
@@ -156,15 +149,14 @@ def train(cfg, *, progress: bool | None = None, run: policy_lib.Run | None = Non
     """
     wall0 = time.time()
     t, out = cfg.train, cfg.out_dir
-    probe_writable(out)  # OutputNotWritable (exit 2) before anything is written
-    finished = _finished_summary(out, t.steps)
+    rundir = RunDir(out)
+    finished = rundir.claim(cfg, "rl", accept=lambda s: s.get("steps") == t.steps and os.path.isdir(
+        os.path.join(out, "checkpoints", str(t.steps))))  # not writable / other settings: refused, exit 2
     if finished is not None:  # resuming a finished run: nothing to do, nothing rewritten
         print(f"bmrl train: {out} already finished {t.steps} steps; nothing to do (raise train.steps to "
               "train on).", flush=True)
         return finished
-    os.makedirs(out, exist_ok=True)
-    with open(os.path.join(out, "config.yaml"), "w") as f:
-        f.write(config_lib.to_yaml(cfg))
+    rundir.write_config(cfg)
 
     mesh = make_mesh(policy_lib.mesh_config(cfg) if run is None else run.mesh)
     policy, tok = init_policy(cfg, None if run is None else run.tokenizer)
@@ -204,9 +196,6 @@ def train(cfg, *, progress: bool | None = None, run: policy_lib.Run | None = Non
         base_key = jax.random.wrap_key_data(jnp.asarray(state["key"]))
         start, data_position = int(meta["step"]), int(meta["data_position"])
         eval_log, tokens_seen, last, keep_records = _run_record_from(meta)
-        changed = _check_resume_config(meta.get("config"), cfg)
-        if changed:
-            print(f"bmrl train: warning: resuming step {start} with a changed config: {', '.join(changed)}")
         print(f"bmrl train: resumed from {ckpt.directory} at step {start}", flush=True)
 
     rollout_fn = None if python else make_rollout(graphdef, env, fmt, rcfg)
@@ -318,7 +307,7 @@ def train(cfg, *, progress: bool | None = None, run: policy_lib.Run | None = Non
         "eval_history": {str(s): {str(T): p for T, (p, _) in r.items()} for s, r in sorted(eval_log.items())},  # test at 0 and the end, validation between
         "policy": policy_dir,
     }
-    write_json_atomic(os.path.join(out, "summary.json"), summary)
+    rundir.write_json("summary.json", summary)
     return summary
 
 
@@ -351,20 +340,6 @@ def _run_record_from(meta: dict) -> tuple[dict, int, dict, int | None]:
     evals = {int(s): {int(T): (float(p), float(se)) for T, (p, se) in r.items()}
              for s, r in run.get("eval_log", {}).items()}
     return evals, int(run.get("tokens_seen", 0)), dict(run.get("last", {})), run.get("metrics_records")
-
-
-def _finished_summary(out: str, steps: int) -> dict | None:
-    """The summary of a run in `out` that already finished `steps` steps (summary.json and the final
-    checkpoint present), else None."""
-    path = os.path.join(out, "summary.json")
-    if not (os.path.isfile(path) and os.path.isdir(os.path.join(out, "checkpoints", str(steps)))):
-        return None
-    try:
-        with open(path) as f:
-            summary = json.load(f)
-    except (OSError, ValueError):
-        return None
-    return summary if isinstance(summary, dict) and summary.get("steps") == steps else None
 
 
 __all__ = ["NonFiniteError", "init_policy", "make_evaluator", "tasks_at", "train"]

@@ -19,13 +19,13 @@ Exit status 0 on success, 2 on a bad config, SPEC or directory.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
 from typing import Any
 
-from bmrl.commands._common import ConfigExit, add_config_args, load_config
+from bmrl.commands._common import ConfigExit, add_config_args, claim_out, load_config
+from bmrl.rundir import RunDir
 
 SCRIPTED = {"oracle": (), "random": (), "noisy_oracle": ("eps", "repair")}
 
@@ -106,6 +106,8 @@ def _run(args: argparse.Namespace, cfg) -> int:
     from bmrl.eval.verdicts import compare_findings
 
     specs = {"base": parse_spec(args.base), "trained": parse_spec(args.trained)}
+    out = RunDir(args.out or os.path.join(cfg.out_dir, "compare"))
+    claim_out("compare", out.path)  # not writable: exit 2 before any work
     python = cfg.env.kind == "python"
     if python and any(s["kind"] == "scripted" for s in specs.values()):
         raise ValueError("scripted policies act on a JAX env's state; with env.kind=python compare two model "
@@ -137,17 +139,13 @@ def _run(args: argparse.Namespace, cfg) -> int:
     settings = {"config": args.config, "base": args.base, "trained": args.trained, "env": f"{env_name} {dict(cfg.env.options)}",
                 "tasks": f"{e.num_tasks} held-out test tasks x {e.attempts} attempts", "T grid": list(e.ts), "mode": e.mode,
                 "seed": cfg.seed, "bootstrap resamples": e.bootstrap}
-    out = args.out or os.path.join(cfg.out_dir, "compare")
-    os.makedirs(out, exist_ok=True)
     summary = {"findings": findings, "policies": {n: r.summary() for n, r in results.items()}, "settings": settings,
                "interval": INTERVAL, "suites": suites}
-    with open(os.path.join(out, "summary.json"), "w") as f:
-        json.dump(_no_nan(summary), f, indent=2, default=float, allow_nan=False)
-    with open(os.path.join(out, "report.md"), "w") as f:
-        f.write(report(findings, results, settings, suites))
+    written = out.write_json("summary.json", _no_nan(summary), default=float, allow_nan=False)
+    report_path = out.write_text("report.md", report(findings, results, settings, suites))
     for v in findings.values():
         print(v["sentence"])
-    print(f"wrote {os.path.join(out, 'report.md')}, {os.path.join(out, 'summary.json')}")
+    print(f"wrote {report_path}, {written}")
     return 0
 
 

@@ -9,13 +9,13 @@ equalised across policies).
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from bmrl.config import Config
+from bmrl.rundir import RunDir
 
 
 def evaluate_policies(
@@ -74,16 +74,18 @@ def evaluate_policies(
 def run_eval(cfg: Config) -> dict:
     """Sweep command: evaluate the policy at cfg.model.path; report in <out_dir>/eval, summary.json."""
     from bmrl import build as pol
-    from bmrl.config import ConfigError, save
+    from bmrl.config import ConfigError
     from bmrl.eval.report import write_report
 
     if not cfg.model.path:
         raise ConfigError("model.path", "eval needs the directory of a saved policy (e.g. <sft out_dir>/policy).")
+    rundir = RunDir(cfg.out_dir)
+    finished = rundir.claim(cfg, "eval")  # not writable / other settings: refused (exit 2) before any work
+    if finished is not None:
+        return finished
     results = evaluate_policies(cfg, {"policy": pol.load_policy(cfg.model.path)})
-    os.makedirs(cfg.out_dir, exist_ok=True)
-    save(cfg, os.path.join(cfg.out_dir, "config.yaml"))
+    rundir.write_config(cfg)
     _, summary = write_report(os.path.join(cfg.out_dir, "eval"), results, title="bmrl eval",
                               settings={"policy": cfg.model.path, "env": cfg.env.name})
-    with open(os.path.join(cfg.out_dir, "summary.json"), "w") as f:
-        json.dump(summary["policy"], f, indent=2, default=float)
+    rundir.write_json("summary.json", summary["policy"], default=float)
     return summary["policy"]

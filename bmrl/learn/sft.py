@@ -29,10 +29,11 @@ import numpy as np
 import optax
 from flax import nnx
 
-from bmrl.config import Config, to_yaml
+from bmrl.config import Config
 from bmrl.learn.demos import Demos, demo_tokens_needed, longest_reply, make_demos
 from bmrl.learn.logprobs import token_logprobs
 from bmrl.learn.optim import optimizer_from_config
+from bmrl.rundir import RunDir
 
 
 def sft_loss(
@@ -155,6 +156,11 @@ def run_sft(cfg: Config, *, log: Callable[[str], Any] = print, return_model: boo
 
     t_start = time.time()
     s = cfg.sft
+    rundir = RunDir(cfg.out_dir)
+    finished = rundir.claim(cfg, "sft")  # not writable / other settings: refused (exit 2) before any work
+    if finished is not None:
+        log(f"sft: {cfg.out_dir} already finished with these settings; nothing to do (delete it to redo it)")
+        return (finished, load_policy(finished["policy_dir"])[0]) if return_model else finished
     if cfg.model.path is not None:
         model, tokenizer = load_policy(cfg.model.path)
     else:
@@ -169,8 +175,7 @@ def run_sft(cfg: Config, *, log: Callable[[str], Any] = print, return_model: boo
     tx = optimizer_from_config(s.optim, s.steps)
 
     out = Path(cfg.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.yaml").write_text(to_yaml(cfg))
+    rundir.write_config(cfg)
     metrics_path = out / "sft_metrics.jsonl"
 
     train = split_tasks(cfg, "train", run=run if python else None)
@@ -260,7 +265,7 @@ def run_sft(cfg: Config, *, log: Callable[[str], Any] = print, return_model: boo
         "wall_time_s": round(time.time() - t_start, 2),
         "policy_dir": str(policy_dir),
     }
-    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    rundir.write_json("summary.json", summary)
     log(
         f"sft done: success@T={cap} greedy {summary['success_greedy']:.3f} sampled {summary['success_sampled']:.3f} "
         f"(init {before['success']:.3f}) | decision acc {summary['decision_accuracy_sampled']:.3f} | "
