@@ -23,7 +23,7 @@ import sys
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PKG = ROOT / "bmrl"
 FORK = re.compile(r"""env\.kind\s*[!=]=|kind\s*[!=]=\s*["']python["']|isinstance\([^)]*PythonEnv\)|\bif (not )?python\b|"""
-                  r"""\bpython else\b|\bif run\.python\b""")
+                  r"""\bpython else\b|\bis_host\(cfg""")
 
 
 def modules() -> dict[str, pathlib.Path]:
