@@ -50,7 +50,7 @@ from bmrl.config.schema import hint_of
 # Config-only entry points those commands are to provide (the policy of eval being cfg.model.path).
 COMMANDS: dict[str, str | Callable[[Config], dict]] = {
     "train": "bmrl.train:train",
-    "sft": "bmrl.learn.sft:run_sft",
+    "sft": "bmrl.sft:run_sft",
     "eval": "bmrl.eval.run:run_eval",
     "reproduce": "bmrl.reproduce:reproduce",
 }

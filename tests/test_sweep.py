@@ -236,7 +236,7 @@ def test_dry_run_lists_runs_and_writes_nothing(tmp_path, capsys, fake):
 
 
 def test_lazy_commands_and_registration(monkeypatch):
-    assert sweep_lib.COMMANDS["train"] == "bmrl.train:train" and sweep_lib.COMMANDS["sft"] == "bmrl.learn.sft:run_sft"
+    assert sweep_lib.COMMANDS["train"] == "bmrl.train:train" and sweep_lib.COMMANDS["sft"] == "bmrl.sft:run_sft"
     monkeypatch.setitem(sweep_lib.COMMANDS, "ghost", "bmrl.no_such_module:run")
     with pytest.raises(ConfigError, match="needs bmrl.no_such_module, which this install does not have"):
         sweep_lib.resolve_command("ghost")

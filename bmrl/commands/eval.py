@@ -94,8 +94,7 @@ def _run(args: argparse.Namespace, cfg) -> int:
                                 probe_noise=args.probe_noise, window=args.window)
     settings = {
         "config": args.config, "policies": ", ".join(f"{n} = {p}" for n, p in zip(names, args.policy)),
-        "env": (f"{cfg.env.entry} (python) {dict(cfg.env.options)}, tasks {cfg.data.tasks}" if cfg.env.kind == "python"
-                else f"{cfg.env.name} {dict(cfg.env.options)}"), "show budget": cfg.env.show_budget,
+        "env": pol.env_line(cfg), "show budget": cfg.env.show_budget,
         "sampling temperature": e.temperature, "seed": cfg.seed,
         "error injection": f"turns {[t + 1 for t in inject_turns]}, p={args.inject_prob}" if inject_turns else "off",
     }

@@ -28,7 +28,7 @@ def run(args: argparse.Namespace) -> int:
     from bmrl.config import ConfigError
 
     cfg, built = load_run(args, "sft")
-    from bmrl.learn.sft import run_sft
+    from bmrl.sft import run_sft
 
     try:
         s = run_sft(cfg, run=built)

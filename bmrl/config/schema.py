@@ -124,8 +124,10 @@ class TrainCfg:
     steps: int = 40  # RL steps (one rollout batch + update each)
     tasks_per_step: int = 16  # distinct tasks per rollout batch
     group_size: int = 8  # attempts per task (batch = tasks_per_step * group_size)
-    advantage: str = "grpo"  # grpo | rloo | reinforce
-    loss: str = "ppo"  # ppo | pg
+    advantage: str = "grpo"  # grpo | rloo | reinforce (bmrl.learn.ADVANTAGES)
+    advantage_options: dict[str, Any] = field(default_factory=dict)  # keyword options of that estimator, e.g. {normalize_std: false} for grpo (Dr. GRPO)
+    loss: str = "ppo"  # ppo | pg (bmrl.learn.LOSSES)
+    loss_options: dict[str, Any] = field(default_factory=dict)  # keyword options of that loss beyond the train.* ones, e.g. {clip_eps_high: 0.28} for ppo
     epochs: int = 1  # passes over each rollout batch
     minibatches: int = 1  # minibatches per epoch; must divide the batch
     clip_eps: float = 0.2  # PPO ratio clip

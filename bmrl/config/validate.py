@@ -36,6 +36,27 @@ def _one_of(key: str, value: str, allowed) -> None:
         raise ConfigError(key, f"{value!r} is not allowed; choose one of: {', '.join(allowed)}.")
 
 
+# Options the trainer passes an advantage estimator or a loss itself (from train.*): not settable as options.
+TRAINER_PASSES = ("rewards", "group_size", "logp_new", "logp_old", "advantages", "loss_mask", "logp_ref", "entropy",
+                  "clip_eps", "kl_coef", "entropy_coef", "aggregation", "clip")
+
+
+def check_options(key: str, fn: Any, options: dict, taken: tuple[str, ...] = ()) -> None:
+    """Refuse an option that `fn` (a registered estimator or loss) does not take as a keyword with a
+    default, or that the trainer passes itself (`taken`); what is allowed comes from its signature."""
+    import inspect
+
+    params = inspect.signature(fn).parameters.values()
+    allowed = [p.name for p in params if p.default is not inspect.Parameter.empty and p.name not in taken
+               and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    for name, value in dict(options or {}).items():
+        if name not in allowed:
+            raise ConfigError(f"{key}.{name}", f"is not an option of {fn.__name__}; its options: "
+                              f"{', '.join(allowed) or 'none'} (set the shared ones under train.*).")
+        if isinstance(value, (dict, list)):
+            raise ConfigError(f"{key}.{name}", f"must be a number, a bool or text, got {value!r}.")
+
+
 def _positive(cfg: Any, prefix: str, names: tuple[str, ...], minimum: int = 1) -> None:
     for name in names:
         value = getattr(cfg, name)
@@ -171,7 +192,6 @@ _ENV_CHECKS: dict[str, str | None] = {}
 
 
 ENV_KINDS = ("jax", "python")
-ON_FAULT = ("observe", "end")
 
 
 def _check_python_env(cfg: Config) -> None:
@@ -200,6 +220,8 @@ def _check_python_env(cfg: Config) -> None:
     if not e.step_timeout_s > 0:
         raise ConfigError("env.step_timeout_s", f"must be > 0 seconds, got {e.step_timeout_s}.")
     _positive(e, "env", ("workers", "pipeline_groups"))
+    from bmrl.rollout.host import ON_FAULT  # what a fault of user code does, as the host loop knows it
+
     _one_of("env.on_fault", e.on_fault, ON_FAULT)
 
 
@@ -249,7 +271,9 @@ def _check_model(m: ModelCfg) -> None:
         if not m.path.strip():
             raise ConfigError("model.path", "is empty; give a local Hugging Face directory or null for a tiny model.")
         return
-    _one_of("model.model_type", m.model_type, ("llama", "qwen2"))
+    from bmrl.model.families import FAMILIES  # one spec per model family
+
+    _one_of("model.model_type", m.model_type, tuple(FAMILIES))
     _positive(m, "model", ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                            "num_attention_heads", "num_key_value_heads"))
     if m.hidden_size % m.num_attention_heads:
@@ -274,7 +298,9 @@ def _check_format(f: FormatCfg) -> None:
 
 
 def _check_optim(key: str, o: OptimCfg) -> None:
-    _one_of(f"{key}.schedule", o.schedule, ("cosine", "constant"))
+    from bmrl.learn.optim import SCHEDULES  # the schedule registry
+
+    _one_of(f"{key}.schedule", o.schedule, SCHEDULES)
     if o.lr <= 0:
         raise ConfigError(f"{key}.lr", f"must be > 0, got {o.lr}.")
     _positive(o, key, ("warmup_steps",), minimum=0)
@@ -294,7 +320,9 @@ def validate(cfg: Config) -> None:
     Static checks only; what needs the tokenizer and the environment is `check_fits`, which
     `bmrl.build.build_run` runs before a run writes anything.
     """
-    from bmrl.learn import ADVANTAGES, LOSSES  # registries by name
+    from bmrl.eval.evaluate import MODES  # the registries of allowed values, read where they live
+    from bmrl.learn import ADVANTAGES, LOSSES
+    from bmrl.learn.losses import AGGREGATIONS
 
     check_seed("seed", cfg.seed)
     check_numbers(cfg)
@@ -319,7 +347,9 @@ def validate(cfg: Config) -> None:
     _positive(t, "train", ("steps",), minimum=0)
     _one_of("train.advantage", t.advantage, tuple(ADVANTAGES))
     _one_of("train.loss", t.loss, tuple(LOSSES))
-    _one_of("train.aggregation", t.aggregation, ("token_mean", "seq_mean"))
+    _one_of("train.aggregation", t.aggregation, AGGREGATIONS)
+    check_options("train.advantage_options", ADVANTAGES[t.advantage], t.advantage_options, TRAINER_PASSES)
+    check_options("train.loss_options", LOSSES[t.loss], t.loss_options, TRAINER_PASSES)
     if (t.tasks_per_step * t.group_size) % t.minibatches:
         raise ConfigError("train.minibatches", f"{t.minibatches} does not divide the batch of {t.tasks_per_step * t.group_size} rollouts.")
     _positive(t, "train", ("microbatches",))
@@ -339,7 +369,7 @@ def validate(cfg: Config) -> None:
     _in_range("sft.recovery", cfg.sft.recovery, 0, 1)
     _positive(cfg.sft, "sft", ("batch_size", "demo_turns"))
     _positive(cfg.sft, "sft", ("steps",), minimum=0)
-    _one_of("eval.mode", e.mode, ("exact", "truncate", "both"))
+    _one_of("eval.mode", e.mode, MODES)
     _positive(e, "eval", ("attempts", "num_tasks"))
     _positive(e, "eval", ("every", "bootstrap", "probe_states"), minimum=0)
     if not e.ks or min(e.ks) < 1 or max(e.ks) > e.attempts:

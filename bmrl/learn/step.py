@@ -75,7 +75,8 @@ def policy_token_logprobs(
 def compute_advantages(traj: Trajectory, cfg: Any) -> jax.Array:
     """Token advantages [B, L]: the outcome estimator `cfg.advantage` over groups of `cfg.group_size`
     contiguous rows, plus `cfg.process_coef` x progress-delta process advantages (discount `cfg.gamma`)."""
-    seq_adv = get_advantage(cfg.advantage)(traj.outcome_reward, cfg.group_size)
+    options = dict(getattr(cfg, "advantage_options", None) or {})  # train.advantage_options
+    seq_adv = get_advantage(cfg.advantage)(traj.outcome_reward, cfg.group_size, **options)
     adv = token_advantages(seq_adv, traj.loss_mask)
     if cfg.process_coef:
         proc = process_advantages(
@@ -99,9 +100,8 @@ def make_update(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformationE
     Compiled as the program "train_step" of `bmrl.compiles`; `update.trace_count()` counts its traces.
     """
     loss_fn = get_loss(cfg.loss)
-    loss_opts = dict(kl_coef=cfg.kl_coef, entropy_coef=cfg.entropy_coef, aggregation=cfg.aggregation)
-    if cfg.loss == "ppo":
-        loss_opts["clip_eps"] = cfg.clip_eps
+    loss_opts = dict(kl_coef=cfg.kl_coef, entropy_coef=cfg.entropy_coef, aggregation=cfg.aggregation,
+                     clip_eps=cfg.clip_eps, **dict(getattr(cfg, "loss_options", None) or {}))  # a loss takes what it uses
     epochs, minibatches = int(cfg.epochs), int(cfg.minibatches)
     micro, remat = int(getattr(cfg, "microbatches", 1) or 1), bool(getattr(cfg, "remat", False))
     mesh = None if shardings is None else jax.tree.leaves(shardings[0])[0].mesh
