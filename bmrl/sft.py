@@ -21,7 +21,6 @@ settings; a finished one is returned untouched).
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -31,12 +30,13 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from bmrl.build import Run, build_run, build_tokenizer, fitting_cap, load_policy, new_policy, rollout_config
-from bmrl.config import Config, check_demos
-from bmrl.eval.evaluate import evaluate
+from bmrl.build import Run, build_run, build_tokenizer, check_demos, fitting_cap, load_policy, new_policy
+from bmrl.config import Config
+from bmrl.eval.run import evaluate_config
 from bmrl.learn.demos import longest_reply
 from bmrl.learn.optim import optimizer_from_config
 from bmrl.learn.sft import demo_stats, make_sft_step
+from bmrl.metrics import MetricsLogger
 from bmrl.model.decoder import num_params
 from bmrl.model.hf import save_pretrained
 from bmrl.rundir import RunDir
@@ -58,19 +58,18 @@ def episode_stats(result) -> dict[str, float]:
     }
 
 
-def evaluate_policy(
-    model, env, fmt, cfg: Config, tasks: Any, cap: int, key: jax.Array, modes: tuple[str, ...] = ("greedy", "sampled")
-) -> dict[str, dict]:
+def evaluate_policy(model, run: Run, cfg: Config, tasks: Any, cap: int, key: jax.Array,
+                    modes: tuple[str, ...] = ("greedy", "sampled")) -> dict[str, dict]:
     """Greedy and/or sampled (eval.temperature) attempts of `tasks` at turn cap `cap`, one per task,
-    by the one evaluator (`bmrl.eval.evaluate`)."""
-    base = rollout_config(cfg, for_eval=True)
+    by the one evaluator (`bmrl.eval.run.evaluate_config`)."""
+    base = run.eval_rollout
     out = {}
     for name, temp in (("greedy", 0.0), ("sampled", cfg.eval.temperature)):
         if name not in modes:
             continue
         rcfg = dataclasses.replace(base, sampling=dataclasses.replace(base.sampling, temperature=temp))
-        res = evaluate(model, env, tasks, ts=[cap], ks=[1], attempts=1, rollout_cfg=rcfg,
-                       key=jax.random.fold_in(key, int(temp * 1000)), fmt=fmt, bootstrap=0)
+        res = evaluate_config(cfg, run, model, jax.random.fold_in(key, int(temp * 1000)), tasks, ts=[cap], ks=[1],
+                              attempts=1, rollout_cfg=rcfg, mode="exact", bootstrap=0)
         out[name] = episode_stats(res)
     return out
 
@@ -102,7 +101,7 @@ def _demo_source(cfg: Config, run: Run, train: Any, key: jax.Array, demo_len: in
     return demos_at
 
 
-def _fit(cfg: Config, run: Run, params, demos_at: Callable, metrics_path: Path, log: Callable) -> tuple[Any, list, dict]:
+def _fit(cfg: Config, run: Run, params, demos_at: Callable, out_dir: str, log: Callable) -> tuple[Any, list, dict]:
     """`sft.steps` optimizer steps on fresh demonstrations; metrics to sft_metrics.jsonl at log steps.
     Returns (params, losses, the last logged row)."""
     s = cfg.sft
@@ -115,7 +114,8 @@ def _fit(cfg: Config, run: Run, params, demos_at: Callable, metrics_path: Path, 
     pending: list[tuple[int, dict]] = []  # device metrics, fetched at log steps (keeps dispatch async)
     losses: list[float] = []
     last: dict[str, float] = {}
-    with metrics_path.open("w") as f:
+    logger = MetricsLogger(out_dir, tensorboard=False, name="sft_metrics.jsonl")  # the training loop's logger
+    try:
         for step in range(s.steps):
             d = demos_at(step)
             params, opt_state, m = step_fn(params, opt_state, d.tokens, d.length, d.loss_mask)
@@ -123,15 +123,16 @@ def _fit(cfg: Config, run: Run, params, demos_at: Callable, metrics_path: Path, 
             if step % log_every == 0 or step == s.steps - 1:
                 elapsed = round(time.time() - t_train, 3)
                 for i, pm in pending:
-                    row = {"step": i, **{k: float(v) for k, v in pm.items()}}
+                    row = {k: float(v) for k, v in pm.items()}
                     if i == step:
                         row.update(demo_stats(d), time_s=elapsed)
-                        last = row
+                        last = {"step": i, **row}
                     losses.append(row["loss"])
-                    f.write(json.dumps(row) + "\n")
+                    logger.write(i, row)
                 pending.clear()
-                f.flush()
                 log(f"sft step {step:5d}  loss {last['loss']:.4f}  token acc {last['token_acc']:.3f}  ({elapsed:.1f}s)")
+    finally:
+        logger.close()
     jax.block_until_ready(params)
     return nnx.merge(graphdef, params), losses, last
 
@@ -163,13 +164,13 @@ def run_sft(cfg: Config, *, log: Callable[[str], Any] = print, return_model: boo
         f"{player.count(test)} test levels"
     )
     t_eval = time.time()
-    before = evaluate_policy(model, env, fmt, cfg, test, cap, eval_key, ("greedy",))["greedy"]
+    before = evaluate_policy(model, run, cfg, test, cap, eval_key, ("greedy",))["greedy"]
     log(f"sft: initial policy greedy success {before['success']:.3f} ({time.time() - t_eval:.1f}s)")
     t_train = time.time()
     model, losses, last = _fit(cfg, run, model, _demo_source(cfg, run, train, key, demo_len),
-                               Path(cfg.out_dir) / "sft_metrics.jsonl", log)
+                               cfg.out_dir, log)
     train_time = time.time() - t_train
-    result = evaluate_policy(model, env, fmt, cfg, test, cap, eval_key)
+    result = evaluate_policy(model, run, cfg, test, cap, eval_key)
     policy_dir = Path(cfg.out_dir) / "policy"
     save_pretrained(model, tokenizer, policy_dir)
     summary = _summary(cfg, run, model, cap, player.count(test), before, result, losses, last, policy_dir)

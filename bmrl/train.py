@@ -41,10 +41,10 @@ from flax import nnx
 from bmrl import compiles as compiles_lib
 from bmrl import config as config_lib
 from bmrl import memory as memory_lib
-from bmrl.build import Run, build_run, eval_split, init_policy, rollout_config
+from bmrl.build import Run, build_run, eval_split, init_policy
 from bmrl.checkpoint import Checkpointer, key_data
 from bmrl.distributed import to_host
-from bmrl.eval.evaluate import evaluate as evaluate_policy
+from bmrl.eval.run import evaluate_config
 from bmrl.learn import optimizer_from_config
 from bmrl.learn import step as step_lib
 from bmrl.metrics import MetricsLogger, Progress, read_jsonl, to_scalar, write_jsonl_atomic
@@ -73,22 +73,20 @@ def tasks_at(seeds: np.ndarray, position: int, count: int, seed: int) -> np.ndar
 
 
 # ---------------------------------------------------------------- evaluation
-def make_evaluator(graphdef, player, cfg, tasks, mesh):
-    """Pass@(1,T) at every T of `cfg.eval.ts` on `tasks` (a player's held-out tasks), one attempt each,
-    each T an exact cap: `bmrl.eval.evaluate` (the one evaluator) with rows sharded over the training
-    mesh and gathered across processes. Returns `evaluate(params, key) -> {T: (success rate, standard
-    error)}`; its `trace_count()` counts the compiles of its own (an evaluation that samples like
+def make_evaluator(graphdef, run, cfg, tasks, mesh):
+    """Pass@(1,T) at every T of `cfg.eval.ts` on `tasks` (the run player's held-out tasks), one attempt each,
+    each T an exact cap: `bmrl.eval.run.evaluate_config` (the one evaluator) with rows sharded over the
+    training mesh and gathered across processes. Returns `evaluate(params, key) -> {T: (success rate,
+    standard error)}`; its `trace_count()` counts the compiles of its own (an evaluation that samples like
     training, at the training batch shape, reuses the training rollout program)."""
     ts = list(cfg.eval.ts)
-    n = player.count(tasks)
-    rcfg = rollout_config(cfg, for_eval=True)
+    n = run.player.count(tasks)
     place = lambda tree: shard_batch(jax.tree.map(jnp.asarray, tree), mesh)  # noqa: E731
     compiled = [0]
 
     def evaluate(params, key) -> dict[int, tuple[float, float]]:
-        res = evaluate_policy(nnx.merge(graphdef, params), player.env, tasks, ts=ts, ks=[1], attempts=1,
-                              rollout_cfg=rcfg, key=key, fmt=player.fmt, bootstrap=0, chunk_size=n, place=place,
-                              gather=to_host)
+        res = evaluate_config(cfg, run, nnx.merge(graphdef, params), key, tasks, ts=ts, ks=[1], attempts=1,
+                              mode="exact", bootstrap=0, chunk_size=n, place=place, gather=to_host)
         compiled[0] += res.compiles
         rate = res.surface.estimate[0]
         return {int(t): (float(p), math.sqrt(max(p * (1 - p), 0.0) / n)) for t, p in zip(ts, rate)}
@@ -203,7 +201,7 @@ class Trainer:
         budget, batch = self.run.budget, self.batch
         self.sample_caps = compiles_lib.counted_jit(
             lambda key: budget.sample(key, batch, t.group_size, cfg.budget.share_in_group), name="budget_sample")
-        self.evaluators = {s: make_evaluator(self.graphdef, self.player, cfg, self.player.take(tasks, np.arange(
+        self.evaluators = {s: make_evaluator(self.graphdef, self.run, cfg, self.player.take(tasks, np.arange(
             min(cfg.eval.num_tasks, self.player.count(tasks)))), self.mesh) for s, tasks in self.held_out.items()}
         self.counted_before = compiles_lib.counts()
         self.logger = MetricsLogger(self.out, start_step=state.step, keep_records=state.record.metrics_records)
