@@ -3,6 +3,9 @@
 Commands that start runs (`train`, `sft`, `reproduce`, `eval`) require `--config` and call
 `load_run`, which validates the config and builds (so checks) everything the run needs but the
 policy, before anything is written: a bad value exits 2 naming the key, with an empty out_dir.
+
+Commands import bmrl's run modules inside their functions, by design: the CLI imports every command
+module to build its parser, and jax, the model and the environments load only for the command that runs.
 """
 
 from __future__ import annotations

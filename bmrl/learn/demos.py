@@ -43,6 +43,7 @@ import numpy as np
 from flax import struct
 
 from bmrl.envs.base import INVALID, Env
+from bmrl.envs.text import encode
 from bmrl import compiles
 from bmrl.formats import Format
 from bmrl.rollout.engine import make_episode
@@ -99,8 +100,6 @@ def longest_reply(env: Any, fmt: Format, max_reply_tokens: int) -> int:
     if hasattr(env, "actions"):
         return int(reply_table(env, fmt)[1].max())
     if strings:
-        from bmrl.envs.text import encode
-
         return max(len(fmt.reply_tokens(encode(env.tokenizer, a))) for a in strings)
     return max_reply_tokens - 1
 
