@@ -104,6 +104,11 @@ class Budget:
         return caps
 
 
+def cap_range(budget: Budget) -> tuple[int, int]:
+    """(smallest, largest) cap of a `Budget`, without listing a uniform budget's whole range."""
+    return (budget.lo, budget.hi) if budget.kind == "uniform" else (budget.min_cap, budget.max_cap)
+
+
 def fixed(t: int) -> Budget:
     """Always cap at `t` turns."""
     return Budget("fixed", budgets=(int(t),))

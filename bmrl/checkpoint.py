@@ -36,6 +36,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from bmrl.distributed import barrier, to_host
+from bmrl.rundir import OutputNotWritable, probe_writable  # exported here too: the checkpoint's output checks
 
 MANIFEST_FORMAT = 1
 
@@ -62,10 +63,6 @@ class NoGoodCheckpoint(CheckpointError):
 
 class CheckpointWriteError(CheckpointError):
     """Writing a checkpoint failed (disk full, permissions...); the previous one is kept (exit 3)."""
-
-
-class OutputNotWritable(OSError):
-    """The output directory cannot be written (exit 2)."""
 
 
 # ------------------------------------------------------------------ content fingerprints
@@ -155,27 +152,6 @@ def check_manifest(manifest: Any, step: int) -> dict:
     if manifest.get("step") != int(step):
         raise CheckpointCorrupt(f"the manifest is for step {manifest.get('step')}, not {step}")
     return manifest
-
-
-# ------------------------------------------------------------------ the output directory
-def probe_writable(path: str | os.PathLike) -> None:
-    """Raise OutputNotWritable unless `path` (or, when it does not exist yet, its nearest existing
-    parent) is a directory where a file can be created; creates nothing that stays."""
-    path = os.path.abspath(os.fspath(path))
-    probe = path
-    while not os.path.exists(probe):
-        probe = os.path.dirname(probe)
-    if not os.path.isdir(probe):
-        raise OutputNotWritable(errno.ENOTDIR, f"output directory {path}: {probe} exists and is not a directory; "
-                                "choose another out_dir")
-    test = os.path.join(probe, f".bmrl-write-probe-{os.getpid()}")
-    try:
-        with open(test, "wb") as f:
-            f.write(b"0")
-        os.remove(test)
-    except OSError as err:
-        raise OutputNotWritable(err.errno, f"output directory {path} is not writable ({probe}: "
-                                f"{err.strerror or err}); choose a writable out_dir or fix its permissions") from None
 
 
 def _abstract(tree: Any) -> Any:

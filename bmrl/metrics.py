@@ -67,9 +67,9 @@ class MetricsLogger:
     """Append-only JSONL (`out_dir/metrics.jsonl`) and TensorBoard (`out_dir/tb`) of scalar metrics."""
 
     def __init__(self, out_dir: str | os.PathLike, start_step: int = 0, tensorboard: bool = True,
-                 keep_records: int | None = None):
+                 keep_records: int | None = None, name: str = "metrics.jsonl"):
         os.makedirs(out_dir, exist_ok=True)
-        self.path = os.path.join(out_dir, "metrics.jsonl")
+        self.path = os.path.join(out_dir, name)  # SFT logs to sft_metrics.jsonl with the same logger
         if keep_records is not None:
             kept = read_jsonl(self.path)[: max(int(keep_records), 0)]
         else:

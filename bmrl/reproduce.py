@@ -118,7 +118,7 @@ def reproduce(cfg: Config, *, log: Callable[[str], Any] = print, stages=None) ->
     made with the same config), so a rerun of a finished run only re-renders the report and figures
     from the saved results. `stages`: a `bmrl.stages.StageProgress` (default: lines on stderr)."""
     from bmrl.eval.saved import load_results
-    from bmrl.learn.sft import run_sft
+    from bmrl.sft import run_sft
     from bmrl.stages import StageProgress, check_stage_config, run_stage
     from bmrl.train import train
 

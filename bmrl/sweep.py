@@ -42,6 +42,7 @@ import yaml
 from bmrl import config as config_lib
 from bmrl.config import Config, ConfigError
 from bmrl.eval import markdown
+from bmrl.rundir import RunDir
 from bmrl.config.schema import hint_of
 
 # name -> "module:function" (imported when a sweep uses it) or a callable; each takes a validated
@@ -49,7 +50,7 @@ from bmrl.config.schema import hint_of
 # Config-only entry points those commands are to provide (the policy of eval being cfg.model.path).
 COMMANDS: dict[str, str | Callable[[Config], dict]] = {
     "train": "bmrl.train:train",
-    "sft": "bmrl.learn.sft:run_sft",
+    "sft": "bmrl.sft:run_sft",
     "eval": "bmrl.eval.run:run_eval",
     "reproduce": "bmrl.reproduce:reproduce",
 }
@@ -85,7 +86,7 @@ def _config_command(cfg: Config) -> dict:
 
     b = build_run(cfg).budget
     summary = {"min_cap": b.min_cap, "max_cap": b.max_cap, "batch": cfg.train.tasks_per_step * cfg.train.group_size}
-    _write_json(os.path.join(cfg.out_dir, "summary.json"), summary)
+    RunDir(cfg.out_dir).write_json("summary.json", summary)
     return summary
 
 
@@ -309,43 +310,36 @@ def load_sweep(path: str | os.PathLike, overrides: list[str] | tuple[str, ...] =
 # ---- running ------------------------------------------------------------------------------------
 
 
-def _write_json(path: str, data: Any) -> None:
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w") as f:
-        json.dump(data, f, indent=2, default=lambda o: o.tolist() if hasattr(o, "tolist") else str(o))
+def claim_runs(sweep: Sweep) -> dict[str, dict | None]:
+    """{run name: its saved summary if finished, else None}, after the one rule of `bmrl.rundir` for
+    every run directory and the sweep's own, before any work: a directory that is not writable
+    (`OutputNotWritable`) or holds a run made with other settings (`ConfigError`) is refused."""
+    RunDir(sweep.out_dir).claim()
+    kind = RUN_KINDS.get(sweep.spec.command)
+    return {run.name: RunDir(run.config.out_dir).claim(run.config, kind) for run in sweep.runs}
 
 
-def _read_summary(run_dir: str) -> dict | None:
-    """The run's summary.json, or None if missing or unreadable (then the run is not finished)."""
-    try:
-        with open(os.path.join(run_dir, "summary.json")) as f:
-            data = json.load(f)
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
+RUN_KINDS = {"train": "rl", "sft": "sft", "eval": "eval"}  # a command's run-directory kind (bmrl.rundir.SECTIONS)
 
 
 def run_sweep(sweep: Sweep, fail_fast: bool = False, log: Callable[[str], None] = print) -> list[RunResult]:
-    """Run every unfinished run in order, then write summary.md and summary.csv; results per run."""
+    """Run every unfinished run in order, then write summary.md and summary.csv; results per run.
+    Refused before any work by `claim_runs`."""
     fn = resolve_command(sweep.spec.command)
-    os.makedirs(sweep.out_dir, exist_ok=True)
-    with open(os.path.join(sweep.out_dir, "sweep.yaml"), "w") as f:
-        yaml.safe_dump({**dataclasses.asdict(sweep.spec), "runs": [r.name for r in sweep.runs]}, f, sort_keys=False)
+    finished = claim_runs(sweep)
+    top = RunDir(sweep.out_dir)
+    top.write_text("sweep.yaml", yaml.safe_dump({**dataclasses.asdict(sweep.spec), "runs": [r.name for r in sweep.runs]},
+                                                sort_keys=False))
     results: list[RunResult] = []
     n = len(sweep.runs)
     try:
         for i, run in enumerate(sweep.runs, 1):
-            run_dir = run.config.out_dir
-            config_path = os.path.join(run_dir, "config.yaml")
-            summary = _read_summary(run_dir)
-            if summary is not None:
-                note = ""
-                if os.path.isfile(config_path) and open(config_path).read() != config_lib.to_yaml(run.config):
-                    note = " (its config.yaml differs from this sweep's; delete the directory to rerun it)"
-                log(f"[{i}/{n}] {run.name}: skipped, already finished{note}")
-                results.append(RunResult(run.name, "skipped", summary))
+            run_dir, rundir = run.config.out_dir, RunDir(run.config.out_dir)
+            if finished[run.name] is not None:
+                log(f"[{i}/{n}] {run.name}: skipped, already finished")
+                results.append(RunResult(run.name, "skipped", finished[run.name]))
                 continue
-            config_lib.save(run.config, config_path)
+            rundir.write_config(run.config)
             log(f"[{i}/{n}] {run.name}: running {sweep.spec.command}")
             start = time.time()
             try:
@@ -364,18 +358,18 @@ def run_sweep(sweep: Sweep, fail_fast: bool = False, log: Callable[[str], None] 
                     break
                 continue
             seconds = time.time() - start
-            if _read_summary(run_dir) is None:
-                _write_json(os.path.join(run_dir, "summary.json"), dict(out or {}))
+            if rundir.finished() is None:
+                rundir.write_json("summary.json", dict(out or {}))
             if os.path.exists(os.path.join(run_dir, "error.txt")):
                 os.remove(os.path.join(run_dir, "error.txt"))
             log(f"[{i}/{n}] {run.name}: done in {seconds:.1f}s")
-            results.append(RunResult(run.name, "done", _read_summary(run_dir) or {}, seconds=seconds))
+            results.append(RunResult(run.name, "done", rundir.finished() or {}, seconds=seconds))
     finally:
         md, rows = summary_table(sweep, results)
-        with open(os.path.join(sweep.out_dir, "summary.md"), "w") as f:
-            f.write(md)
-        with open(os.path.join(sweep.out_dir, "summary.csv"), "w", newline="") as f:
-            csv.writer(f).writerows(rows)
+        top.write_text("summary.md", md)
+        table = io.StringIO(newline="")
+        csv.writer(table).writerows(rows)
+        top.write_text("summary.csv", table.getvalue())
     return results
 
 

@@ -2,15 +2,19 @@
 
     summary = train(cfg)            # cfg: bmrl.config.Config
 
-    for step in range(start, steps):
-        key = fold_in(base_key, step)                     # every draw derives from (seed, step)
-        tasks = train split at data position step * tasks_per_step, each repeated group_size times
-        caps = budget.sample(key_caps, ...)               # inside jit: caps are data, one compile
-        traj = rollout(params, tasks, caps, key_rollout)  # one jit: generation + env steps
-                                                          # (a Python env: host_rollout, same turn)
-        params, opt_state, m = update(params, opt_state, ref, traj, key_update)
-        log / evaluate Pass@(1,T) / checkpoint
+    loop = Trainer(cfg, run)                    # setup: everything built once
+    state = loop.setup(policy)                  # TrainState: params, opt state, key, data position, run record
+    while state.step < steps:                   #   (a fresh one, or the newest checkpoint's)
+        state, m = loop.step(state)             # key = fold_in(key, step): every draw derives from (seed, step)
+                                                # rows = the train split at the data position, x group_size
+                                                # caps = budget.sample(...): inside jit, caps are data
+                                                # traj, faults = player.play(params, rows, caps, key)
+                                                # params, opt_state = update(..., traj, key)
+        loop.after_step(state, m)               # hooks: log, non-finite guard, evaluate Pass@(1,T), checkpoint
+    summary = loop.finish(state, ...)           # the policy as a Hugging Face directory, summary.json
 
+The run's player (`bmrl.build.players`) plays the env: a JAX env in one compiled loop, a Python env
+from the host on the same compiled turn; the loop never asks which.
 Resumes from the newest checkpoint in `cfg.out_dir/checkpoints` automatically. Because every random
 draw derives from (seed, step) and the checkpoint holds params, optimizer state, key and data
 position, a run killed at any moment and resumed ends with bitwise-identical parameters on CPU.
@@ -21,6 +25,7 @@ of user code (step, task, turn, kind, message), counted per step as `rollout/fau
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -35,15 +40,17 @@ from flax import nnx
 
 from bmrl import compiles as compiles_lib
 from bmrl import config as config_lib
-from bmrl import build as policy_lib
 from bmrl import memory as memory_lib
+from bmrl.build import Run, build_run, eval_split, init_policy
+from bmrl.checkpoint import Checkpointer, key_data
 from bmrl.distributed import to_host
-from bmrl.checkpoint import Checkpointer, key_data, probe_writable
+from bmrl.eval.run import evaluate_config
 from bmrl.learn import optimizer_from_config
 from bmrl.learn import step as step_lib
-from bmrl.metrics import MetricsLogger, Progress, read_jsonl, to_scalar, write_json_atomic, write_jsonl_atomic
+from bmrl.metrics import MetricsLogger, Progress, read_jsonl, to_scalar, write_jsonl_atomic
+from bmrl.model import save_pretrained
 from bmrl.parallel import make_mesh, param_shardings, shard_batch, state_shardings
-from bmrl.rollout import Injection, check_config, make_rollout
+from bmrl.rundir import RunDir
 
 EVAL_STREAM = 0x3E7A1  # fold_in constant separating evaluation keys from training keys
 
@@ -52,16 +59,7 @@ class NonFiniteError(RuntimeError):
     """Training stopped: too many non-finite updates in a row."""
 
 
-# ---------------------------------------------------------------- policy, tasks
-def init_policy(cfg, tokenizer=None) -> tuple[nnx.Module, Any]:
-    """(policy, tokenizer): from `cfg.model.path` (a Hugging Face directory, e.g. an SFT output), or
-    a fresh tiny decoder (seed `cfg.seed`) with `tokenizer` (default: the tiny one, `bmrl.build`)."""
-    if cfg.model.path:
-        return policy_lib.load_policy(cfg.model.path)
-    tok = policy_lib.build_tokenizer(cfg) if tokenizer is None else tokenizer
-    return policy_lib.new_policy(cfg, tok), tok
-
-
+# ---------------------------------------------------------------- tasks
 def tasks_at(seeds: np.ndarray, position: int, count: int, seed: int) -> np.ndarray:
     """`count` task seeds starting at data position `position` of a deterministic stream: the split
     in a fresh permutation per pass (keyed by (seed, pass)), so position alone fixes the batch."""
@@ -75,29 +73,20 @@ def tasks_at(seeds: np.ndarray, position: int, count: int, seed: int) -> np.ndar
 
 
 # ---------------------------------------------------------------- evaluation
-def make_evaluator(graphdef, env, fmt, cfg, test_tasks, mesh):
-    """Pass@(1,T) at every T of `cfg.eval.ts` on `num_tasks` test tasks (level seeds; a Python env's
-    task dicts), one attempt each, each T an exact cap: `bmrl.eval.evaluate` (the one evaluator) with
-    rows sharded over the training mesh and gathered across processes. Returns `evaluate(params, key)
-    -> {T: (success rate, standard error)}`; its `trace_count()` counts the compiles of its own (an
-    evaluation that samples like training, at the training batch shape, reuses the training rollout
-    program)."""
-    from bmrl.eval.evaluate import evaluate as evaluate_policy
-
+def make_evaluator(graphdef, run, cfg, tasks, mesh):
+    """Pass@(1,T) at every T of `cfg.eval.ts` on `tasks` (the run player's held-out tasks), one attempt each,
+    each T an exact cap: `bmrl.eval.run.evaluate_config` (the one evaluator) with rows sharded over the
+    training mesh and gathered across processes. Returns `evaluate(params, key) -> {T: (success rate,
+    standard error)}`; its `trace_count()` counts the compiles of its own (an evaluation that samples like
+    training, at the training batch shape, reuses the training rollout program)."""
     ts = list(cfg.eval.ts)
-    n = min(cfg.eval.num_tasks, len(test_tasks))
-    rcfg = policy_lib.rollout_config(cfg, for_eval=True)
-    if cfg.env.kind == "python":
-        tasks = list(test_tasks[:n])
-    else:
-        check_config(env, fmt, rcfg, min(ts))
-        tasks = {"seed": np.asarray(test_tasks[:n], np.int32)}
+    n = run.player.count(tasks)
     place = lambda tree: shard_batch(jax.tree.map(jnp.asarray, tree), mesh)  # noqa: E731
     compiled = [0]
 
     def evaluate(params, key) -> dict[int, tuple[float, float]]:
-        res = evaluate_policy(nnx.merge(graphdef, params), env, tasks, ts=ts, ks=[1], attempts=1, rollout_cfg=rcfg,
-                              key=key, fmt=fmt, bootstrap=0, chunk_size=n, place=place, gather=to_host)
+        res = evaluate_config(cfg, run, nnx.merge(graphdef, params), key, tasks, ts=ts, ks=[1], attempts=1,
+                              mode="exact", bootstrap=0, chunk_size=n, place=place, gather=to_host)
         compiled[0] += res.compiles
         rate = res.surface.estimate[0]
         return {int(t): (float(p), math.sqrt(max(p * (1 - p), 0.0) / n)) for t, p in zip(ts, rate)}
@@ -106,7 +95,6 @@ def make_evaluator(graphdef, env, fmt, cfg, test_tasks, mesh):
     return evaluate
 
 
-# ---------------------------------------------------------------- the loop
 def _rollout_stats(traj) -> dict:
     acted = jnp.maximum(traj.turn_active.sum(), 1)
     return dict(
@@ -123,14 +111,6 @@ def _rollout_stats(traj) -> dict:
     )
 
 
-def _check_resume_config(saved: dict | None, cfg) -> list[str]:
-    """Keys whose values differ between the checkpoint's config and this run's (out_dir ignored)."""
-    if not saved:
-        return []
-    return config_lib.changed_keys(saved, config_lib.to_dict(cfg), ignore=("out_dir", "train.steps"))
-
-
-
 def place_learner(optimizer, params: Any, mesh) -> tuple[Any, Any, tuple[Any, Any]]:
     """The learner's pinned layouts: `params` placed on `mesh` by the partition rules and a fresh
     optimizer state following them (bmrl.parallel). Returns (params, opt_state, (param_shardings,
@@ -141,7 +121,203 @@ def place_learner(optimizer, params: Any, mesh) -> tuple[Any, Any, tuple[Any, An
     opt_sh = state_shardings(opt_state, mesh)
     return params, jax.device_put(opt_state, opt_sh), (param_sh, opt_sh)
 
-def train(cfg, *, progress: bool | None = None, run: policy_lib.Run | None = None,
+
+# ---------------------------------------------------------------- the training state
+@dataclasses.dataclass
+class RunRecord:
+    """What a resumed run needs to write the same summary and metrics as an uninterrupted one."""
+
+    eval_log: dict = dataclasses.field(default_factory=dict)  # {step: {T: (pass1, se)}}
+    tokens_seen: int = 0
+    last: dict = dataclasses.field(default_factory=dict)  # the last step's metrics
+    metrics_records: int | None = None  # records in metrics.jsonl at the checkpoint
+
+    def to_meta(self, records: int) -> dict:
+        return {"tokens_seen": int(self.tokens_seen), "metrics_records": int(records),
+                "last": {k: to_scalar(v) for k, v in self.last.items()},
+                "eval_log": {str(s): {str(T): [p, se] for T, (p, se) in r.items()} for s, r in self.eval_log.items()}}
+
+    @classmethod
+    def from_meta(cls, meta: dict) -> RunRecord:
+        """The record `to_meta` stored (empty for old checkpoints)."""
+        run = meta.get("run") or {}
+        evals = {int(s): {int(T): (float(p), float(se)) for T, (p, se) in r.items()}
+                 for s, r in run.get("eval_log", {}).items()}
+        return cls(evals, int(run.get("tokens_seen", 0)), dict(run.get("last", {})), run.get("metrics_records"))
+
+
+@dataclasses.dataclass
+class TrainState:
+    """The one training state: what the loop threads from step to step and the checkpoint keeps."""
+
+    params: Any
+    opt_state: Any
+    key: Any  # the run's base key; every draw of step s derives from fold_in(key, s)
+    step: int = 0
+    data_position: int = 0  # tasks of the training stream consumed
+    record: RunRecord = dataclasses.field(default_factory=RunRecord)
+
+    def arrays(self) -> dict:
+        """The checkpoint's arrays."""
+        return {"params": self.params, "opt_state": self.opt_state, "key": key_data(self.key)}
+
+
+# ---------------------------------------------------------------- the loop
+class Trainer:
+    """Everything a run builds once (setup), the step, the hooks after it, and the finish."""
+
+    def __init__(self, cfg, run, *, progress: bool | None, on_step: Callable | None, evaluate: bool):
+        t = self.t = cfg.train
+        self.cfg, self.run, self.out, self.player = cfg, run, cfg.out_dir, run.player
+        self.mesh = make_mesh(run.mesh)
+        self.evaluate_on = evaluate
+        self.progress, self.on_step = progress, on_step
+        self.batch = t.tasks_per_step * t.group_size
+        self.train_tasks = self.player.tasks("train")
+        self.held_out = {s: self.player.tasks(s, max(cfg.eval.num_tasks, 1))
+                         for s in {eval_split(cfg, run), "test"}}  # in between: validation; first and last: test
+        self.compile_history: list[int] = []
+
+    def setup(self, policy) -> TrainState:
+        """Optimizer, memory plan, placed learner, programs and evaluators; the state resumed from the
+        newest complete checkpoint, if any (else a fresh one)."""
+        cfg, t = self.cfg, self.t
+        self.graphdef, params = nnx.split(policy)
+        optimizer = optimizer_from_config(t.optim, t.steps * t.epochs * t.minibatches, master_f32=t.f32_master)
+        plan = memory_lib.plan_for_config(cfg, policy.config, self.mesh, optimizer)
+        if jax.process_index() == 0:
+            print(plan.table(), flush=True)
+        plan.check()  # MemoryPlanError (a ConfigError, exit 2) before anything big is allocated
+        params, opt_state, self.shardings = place_learner(optimizer, params, self.mesh)
+        self.ref_params = jax.tree.map(jnp.copy, params) if t.kl_coef > 0 else None
+        state = TrainState(params, opt_state, jax.random.key(cfg.seed))
+        self.ckpt = Checkpointer(os.path.join(self.out, "checkpoints"), keep=cfg.checkpoint.keep,
+                                 every=cfg.checkpoint.every)
+        state = self._resume(state)
+        rcfg = self.run.rollout
+        self.play = self.player.playing(self.graphdef, rcfg, self.mesh)
+        self.update = step_lib.make_update(self.graphdef, optimizer, t, rcfg.sampling.temperature,
+                                           shardings=self.shardings)
+        budget, batch = self.run.budget, self.batch
+        self.sample_caps = compiles_lib.counted_jit(
+            lambda key: budget.sample(key, batch, t.group_size, cfg.budget.share_in_group), name="budget_sample")
+        self.evaluators = {s: make_evaluator(self.graphdef, self.run, cfg, self.player.take(tasks, np.arange(
+            min(cfg.eval.num_tasks, self.player.count(tasks)))), self.mesh) for s, tasks in self.held_out.items()}
+        self.counted_before = compiles_lib.counts()
+        self.logger = MetricsLogger(self.out, start_step=state.step, keep_records=state.record.metrics_records)
+        _keep_faults_up_to(self.out, state.step)  # faults after the checkpoint are logged again by the replayed steps
+        self.bar = Progress(total=t.steps, initial=state.step, enable=self.progress, on_step=self.on_step)
+        self.start = state.step
+        return state
+
+    def _resume(self, state: TrainState) -> TrainState:
+        restored = self.ckpt.restore_latest(state.arrays())
+        if restored is None:
+            return state
+        arrays, meta = restored
+        params, opt_state = jax.device_put((arrays["params"], arrays["opt_state"]), self.shardings)  # this mesh
+        print(f"bmrl train: resumed from {self.ckpt.directory} at step {int(meta['step'])}", flush=True)
+        return TrainState(params, opt_state, jax.random.wrap_key_data(jnp.asarray(arrays["key"])), int(meta["step"]),
+                          int(meta["data_position"]), RunRecord.from_meta(meta))
+
+    def compile_counts(self) -> dict[str, int]:
+        """Compiles of this run per program (bmrl.compiles), since the run started."""
+        now, before = compiles_lib.counts(), self.counted_before
+        return {k: v - before.get(k, 0) for k, v in now.items() if v - before.get(k, 0)}
+
+    def step(self, state: TrainState) -> tuple[TrainState, dict]:
+        """One step: a rollout batch of the data stream at its position, under caps of the budget, then
+        the update. Returns the next state and the step's metrics (on the host)."""
+        t, cfg = self.t, self.cfg
+        t0 = time.perf_counter()
+        key = jax.random.fold_in(state.key, state.step)
+        idx = tasks_at(np.arange(self.player.count(self.train_tasks), dtype=np.int32), state.data_position,
+                       t.tasks_per_step, cfg.seed)
+        rows = self.player.take(self.train_tasks, np.repeat(idx, t.group_size))
+        caps = shard_batch(self.sample_caps(jax.random.fold_in(key, 0)), self.mesh)  # as eval caps: one compile
+        traj, faults = self.play(state.params, rows, caps, jax.random.fold_in(key, 1))
+        _log_faults(self.out, state.step + 1, faults, rows)
+        stats = _rollout_stats(traj) | ({"faults": len(faults)} if faults is not None else {})
+        params, opt_state, m = self.update(state.params, state.opt_state, self.ref_params, traj,
+                                           jax.random.fold_in(key, 2))
+        m, stats = jax.device_get((m, stats))
+        dt = time.perf_counter() - t0
+        data_position = state.data_position + t.tasks_per_step
+        record = dataclasses.replace(state.record, tokens_seen=state.record.tokens_seen + int(stats["tokens"]))
+        self.compile_history.append(sum(self.compile_counts().values()))
+        last = {f"train/{k}": v for k, v in m.items()} | {f"rollout/{k}": v for k, v in stats.items()}
+        last |= {"perf/step_s": dt, "perf/tokens_per_s": float(stats["tokens"]) / dt,
+                 "perf/compiles": sum(self.compile_counts().values()), "data_position": data_position}
+        last |= {f"compiles/{k}": v for k, v in self.compile_counts().items()}
+        record.last = last
+        return TrainState(params, opt_state, state.key, state.step + 1, data_position, record), m
+
+    def after_step(self, state: TrainState, m: dict) -> None:
+        """The hooks of a finished step: log, progress, the non-finite guard, evaluation, checkpoint."""
+        t, last, done = self.t, state.record.last, state.step
+        self.logger.write(done, last)
+        self.bar.update(success=float(last["rollout/success"]), tok_s=float(last["perf/tokens_per_s"]),
+                        loss=float(m["loss"]))
+        if int(m["consecutive_skips"]) >= t.max_nonfinite:
+            raise NonFiniteError(
+                f"stopping at step {done}: {int(m['consecutive_skips'])} non-finite updates in a row "
+                f"(train.max_nonfinite={t.max_nonfinite}); each was skipped, so the parameters are those of "
+                f"the last finite update and no checkpoint holds nan/inf. Lower train.optim.lr, check "
+                f"train.optim.max_grad_norm, or use model.param_dtype=float32. Last good checkpoint: "
+                f"{self.ckpt.describe_last_good()}."
+            )
+        every = self.cfg.eval.every if self.evaluate_on else 0
+        if every and done % every == 0 and done != t.steps:
+            self.evaluate(state)
+        if self.ckpt.due(done, t.steps):
+            self.ckpt.save(done, state.arrays(), {"data_position": state.data_position,
+                                                  "config": config_lib.to_dict(self.cfg),
+                                                  "run": state.record.to_meta(self.logger.count)})
+            self.ckpt.commit()  # a failed write stops the run here (CheckpointWriteError), not a save later
+
+    def evaluate(self, state: TrainState) -> None:
+        """Pass@(1,T) at the state's step: the test split at the first and last step (the gain), validation between."""
+        step = state.step
+        split = "test" if step in (0, self.t.steps) else eval_split(self.cfg, self.run)
+        res = self.evaluators[split](state.params, jax.random.fold_in(jax.random.fold_in(state.key, EVAL_STREAM), step))
+        state.record.eval_log[step] = res
+        prefix = "eval" if split == "test" else "val"
+        self.logger.write(step, {f"{prefix}/pass1_T{T}": p for T, (p, _) in res.items()}
+                          | {f"{prefix}/pass1_T{T}_se": se for T, (_, se) in res.items()})
+        text = "  ".join(f"T={T}: {p:.3f}±{se:.3f}" for T, (p, se) in res.items())
+        self.bar.write(f"eval step {step} ({split}): Pass@(1,T) {text}")
+
+    def close(self) -> None:
+        self.bar.close()
+        self.ckpt.close()
+        self.logger.close()
+
+    def finish(self, state: TrainState, tokenizer, wall0: float) -> dict:
+        """Save the policy (a Hugging Face directory) and return the summary."""
+        t, rec = self.t, state.record
+        policy_dir = os.path.join(self.out, "policy")
+        save_pretrained(nnx.merge(self.graphdef, state.params), tokenizer, policy_dir)
+        log = rec.eval_log
+        final_eval = (log.get(t.steps) or log[max(log)]) if log else {}
+        first_eval = log[min(log)] if log else {}
+        return {
+            "steps": t.steps,
+            "resumed_from": self.start,
+            "wall_s": time.time() - wall0,
+            "compiles": self.compile_counts(),
+            "eval_compiles": sum(e.trace_count() for e in self.evaluators.values()),
+            "compile_history": self.compile_history,
+            "skipped_updates": int(rec.last.get("train/skipped_total", 0)) if rec.last else 0,
+            "tokens_seen": rec.tokens_seen,
+            "final": {k: to_scalar(v) for k, v in rec.last.items()},
+            "eval": {str(T): {"pass1": p, "se": se} for T, (p, se) in final_eval.items()},
+            "eval_initial": {str(T): {"pass1": p, "se": se} for T, (p, se) in first_eval.items()},
+            "eval_history": {str(s): {str(T): p for T, (p, _) in r.items()} for s, r in sorted(log.items())},  # test at 0 and the end, validation between
+            "policy": policy_dir,
+        }
+
+
+def train(cfg, *, progress: bool | None = None, run: Run | None = None,
           on_step: Callable[[int, int], Any] | None = None, evaluate: bool = True) -> dict:
     """Run RL training for `cfg` (a validated `bmrl.config.Config`); returns the summary dict.
 
@@ -151,174 +327,36 @@ def train(cfg, *, progress: bool | None = None, run: policy_lib.Run | None = Non
 
     Raises `NonFiniteError` after `cfg.train.max_nonfinite` non-finite updates in a row (the
     parameters and checkpoints keep the last finite values), `CheckpointWriteError` when a save
-    fails (the previous checkpoint is kept), `OutputNotWritable`, `NoGoodCheckpoint` or
-    `CheckpointMismatch` before training. A run that already finished returns its summary untouched.
+    fails (the previous checkpoint is kept), `OutputNotWritable` or `ConfigError` (an out_dir made with
+    other settings: `bmrl.rundir`), `NoGoodCheckpoint` or `CheckpointMismatch` before training. A run
+    that already finished returns its summary untouched.
     """
     wall0 = time.time()
     t, out = cfg.train, cfg.out_dir
-    probe_writable(out)  # OutputNotWritable (exit 2) before anything is written
-    finished = _finished_summary(out, t.steps)
+    rundir = RunDir(out)
+    finished = rundir.claim(cfg, "rl", accept=lambda s: s.get("steps") == t.steps and os.path.isdir(
+        os.path.join(out, "checkpoints", str(t.steps))))  # not writable / other settings: refused, exit 2
     if finished is not None:  # resuming a finished run: nothing to do, nothing rewritten
         print(f"bmrl train: {out} already finished {t.steps} steps; nothing to do (raise train.steps to "
               "train on).", flush=True)
         return finished
-    os.makedirs(out, exist_ok=True)
-    with open(os.path.join(out, "config.yaml"), "w") as f:
-        f.write(config_lib.to_yaml(cfg))
-
-    mesh = make_mesh(policy_lib.mesh_config(cfg) if run is None else run.mesh)
+    rundir.write_config(cfg)
     policy, tok = init_policy(cfg, None if run is None else run.tokenizer)
-    run = policy_lib.build_run(cfg, tok) if run is None else run  # checked before any write by `bmrl train`
-    env, fmt, rcfg, budget = run.env, run.fmt, run.rollout, run.budget
-    python = cfg.env.kind == "python"  # a Python env: host_rollout on the same compiled turn, tasks are dicts
-    held_out = {s: policy_lib.split_tasks(cfg, s, max(cfg.eval.num_tasks, 1), run=run)
-                for s in {policy_lib.eval_split(cfg, run), "test"}}  # in between: validation; first and last: test
-    if python:
-        train_tasks = policy_lib.split_tasks(cfg, "train", run=run)
-        train_seeds = np.arange(len(train_tasks), dtype=np.int32)  # the data stream draws task indices
-    else:
-        train_seeds = policy_lib.split_tasks(cfg, "train", run=run)["seed"]
-        held_out = {s: tasks["seed"] for s, tasks in held_out.items()}
-    batch = t.tasks_per_step * t.group_size
-
-    graphdef, params = nnx.split(policy)
-    updates_per_step = t.epochs * t.minibatches
-    optimizer = optimizer_from_config(t.optim, t.steps * updates_per_step, master_f32=t.f32_master)
-    plan = memory_lib.plan_for_config(cfg, policy.config, mesh, optimizer)
-    if jax.process_index() == 0:
-        print(plan.table(), flush=True)
-    plan.check()  # MemoryPlanError (a ConfigError, exit 2) before anything big is allocated
-    params, opt_state, (param_sh, opt_sh) = place_learner(optimizer, params, mesh)
-    ref_params = jax.tree.map(jnp.copy, params) if t.kl_coef > 0 else None
-    base_key = jax.random.key(cfg.seed)
-
-    # Resume from the newest complete checkpoint, if any.
-    ckpt = Checkpointer(os.path.join(out, "checkpoints"), keep=cfg.checkpoint.keep, every=cfg.checkpoint.every)
-    start, data_position = 0, 0
-    eval_log: dict[int, dict[int, tuple[float, float]]] = {}
-    tokens_seen, last, keep_records = 0, {}, None
-    restored = ckpt.restore_latest({"params": params, "opt_state": opt_state, "key": key_data(base_key)})
-    if restored is not None:
-        state, meta = restored
-        params, opt_state = jax.device_put((state["params"], state["opt_state"]), (param_sh, opt_sh))  # this mesh
-        base_key = jax.random.wrap_key_data(jnp.asarray(state["key"]))
-        start, data_position = int(meta["step"]), int(meta["data_position"])
-        eval_log, tokens_seen, last, keep_records = _run_record_from(meta)
-        changed = _check_resume_config(meta.get("config"), cfg)
-        if changed:
-            print(f"bmrl train: warning: resuming step {start} with a changed config: {', '.join(changed)}")
-        print(f"bmrl train: resumed from {ckpt.directory} at step {start}", flush=True)
-
-    rollout_fn = None if python else make_rollout(graphdef, env, fmt, rcfg)
-    update = step_lib.make_update(graphdef, optimizer, t, rcfg.sampling.temperature, shardings=(param_sh, opt_sh))
-    sample_caps = compiles_lib.counted_jit(
-        lambda key: budget.sample(key, batch, t.group_size, cfg.budget.share_in_group), name="budget_sample")
-
-    evaluators = {s: make_evaluator(graphdef, env, fmt, cfg, tasks, mesh) for s, tasks in held_out.items()}
-    inject = Injection.none(rcfg.max_turns)
-    counted_before = compiles_lib.counts()
-
-    def compile_counts() -> dict[str, int]:
-        """Compiles of this run per program (bmrl.compiles), since the run started."""
-        now = compiles_lib.counts()
-        out = {k: v - counted_before.get(k, 0) for k, v in now.items() if v - counted_before.get(k, 0)}
-        return out
-
-    compiles = lambda: sum(compile_counts().values())  # noqa: E731
-
-    logger = MetricsLogger(out, start_step=start, keep_records=keep_records)
-    if python:  # faults logged after the checkpoint resumed from are logged again by the replayed steps
-        _keep_faults_up_to(out, start)
-    bar = Progress(total=t.steps, initial=start, enable=progress, on_step=on_step)
-    compile_history: list[int] = []
-
-    def run_eval(step: int) -> None:
-        """Pass@(1,T) at `step`: the test split at the first and last step (the gain), validation between."""
-        split = "test" if step in (0, t.steps) else policy_lib.eval_split(cfg, run)
-        res = evaluators[split](params, jax.random.fold_in(jax.random.fold_in(base_key, EVAL_STREAM), step))
-        eval_log[step] = res
-        prefix = "eval" if split == "test" else "val"
-        logger.write(step, {f"{prefix}/pass1_T{T}": p for T, (p, _) in res.items()}
-                     | {f"{prefix}/pass1_T{T}_se": se for T, (_, se) in res.items()})
-        text = "  ".join(f"T={T}: {p:.3f}±{se:.3f}" for T, (p, se) in res.items())
-        bar.write(f"eval step {step} ({split}): Pass@(1,T) {text}")
-
-    every = cfg.eval.every if evaluate else 0
-    if start == 0 and evaluate:
-        run_eval(0)  # the starting policy, the baseline of every gain
+    run = build_run(cfg, tok) if run is None else run  # checked before any write by `bmrl train`
+    loop = Trainer(cfg, run, progress=progress, on_step=on_step, evaluate=evaluate)
+    state = loop.setup(policy)
     try:
-        for step in range(start, t.steps):
-            t0 = time.perf_counter()
-            key = jax.random.fold_in(base_key, step)
-            seeds = np.repeat(tasks_at(train_seeds, data_position, t.tasks_per_step, cfg.seed), t.group_size)
-            caps = shard_batch(sample_caps(jax.random.fold_in(key, 0)), mesh)  # same sharding as eval caps: one compile
-            if python:
-                played = env.play(nnx.merge(graphdef, params), fmt, rcfg, [train_tasks[i] for i in seeds],
-                                  np.asarray(jax.device_get(caps)), jax.random.fold_in(key, 1))
-                traj = played.trajectory
-                _log_faults(out, step + 1, played.faults, [train_tasks[i] for i in seeds])
-            else:
-                tasks = shard_batch({"seed": jnp.asarray(seeds)}, mesh)
-                traj = rollout_fn(params, tasks, caps, jax.random.fold_in(key, 1), inject)
-            stats = _rollout_stats(traj) | ({"faults": len(played.faults)} if python else {})
-            params, opt_state, m = update(params, opt_state, ref_params, traj, jax.random.fold_in(key, 2))
-            m, stats = jax.device_get((m, stats))
-            data_position += t.tasks_per_step
-            dt = time.perf_counter() - t0
-            tokens_seen += int(stats["tokens"])
-            compile_history.append(compiles())
-            last = {f"train/{k}": v for k, v in m.items()} | {f"rollout/{k}": v for k, v in stats.items()}
-            last |= {"perf/step_s": dt, "perf/tokens_per_s": float(stats["tokens"]) / dt,
-                     "perf/compiles": compiles(), "data_position": data_position}
-            last |= {f"compiles/{k}": v for k, v in compile_counts().items()}
-            logger.write(step + 1, last)
-            bar.update(success=float(stats["success"]), tok_s=float(stats["tokens"]) / dt,
-                       loss=float(m["loss"]))
-            if int(m["consecutive_skips"]) >= t.max_nonfinite:
-                raise NonFiniteError(
-                    f"stopping at step {step + 1}: {int(m['consecutive_skips'])} non-finite updates in a row "
-                    f"(train.max_nonfinite={t.max_nonfinite}); each was skipped, so the parameters are those of "
-                    f"the last finite update and no checkpoint holds nan/inf. Lower train.optim.lr, check "
-                    f"train.optim.max_grad_norm, or use model.param_dtype=float32. Last good checkpoint: "
-                    f"{ckpt.describe_last_good()}."
-                )
-            done = step + 1
-            if every and done % every == 0 and done != t.steps:
-                run_eval(done)
-            if ckpt.due(done, t.steps):
-                ckpt.save(done, {"params": params, "opt_state": opt_state, "key": key_data(base_key)},
-                          {"data_position": data_position, "config": config_lib.to_dict(cfg),
-                           "run": _run_record(eval_log, tokens_seen, last, logger.count)})
-                ckpt.commit()  # a failed write stops the run here (CheckpointWriteError), not a save later
-        if evaluate and t.steps not in eval_log:
-            run_eval(t.steps)
+        if state.step == 0 and evaluate:
+            loop.evaluate(state)  # the starting policy, the baseline of every gain
+        while state.step < t.steps:
+            state, metrics = loop.step(state)
+            loop.after_step(state, metrics)
+        if evaluate and t.steps not in state.record.eval_log:
+            loop.evaluate(state)
     finally:
-        bar.close()
-        ckpt.close()
-        logger.close()
-
-    from bmrl.model import save_pretrained
-
-    policy_dir = os.path.join(out, "policy")
-    save_pretrained(nnx.merge(graphdef, params), tok, policy_dir)
-    final_eval = (eval_log.get(t.steps) or eval_log[max(eval_log)]) if eval_log else {}
-    first_eval = eval_log[min(eval_log)] if eval_log else {}
-    summary = {
-        "steps": t.steps,
-        "resumed_from": start,
-        "wall_s": time.time() - wall0,
-        "compiles": compile_counts(),
-        "eval_compiles": sum(e.trace_count() for e in evaluators.values()),
-        "compile_history": compile_history,
-        "skipped_updates": int(last.get("train/skipped_total", 0)) if last else 0,
-        "tokens_seen": tokens_seen,
-        "final": {k: to_scalar(v) for k, v in last.items()},
-        "eval": {str(T): {"pass1": p, "se": se} for T, (p, se) in final_eval.items()},
-        "eval_initial": {str(T): {"pass1": p, "se": se} for T, (p, se) in first_eval.items()},
-        "eval_history": {str(s): {str(T): p for T, (p, _) in r.items()} for s, r in sorted(eval_log.items())},  # test at 0 and the end, validation between
-        "policy": policy_dir,
-    }
-    write_json_atomic(os.path.join(out, "summary.json"), summary)
+        loop.close()
+    summary = loop.finish(state, tok, wall0)
+    rundir.write_json("summary.json", summary)
     return summary
 
 
@@ -338,33 +376,4 @@ def _log_faults(out: str, step: int, faults: list, tasks: list) -> None:
                                  "message": x.message}, default=str) + "\n" for x in faults)
 
 
-def _run_record(eval_log: dict, tokens_seen: int, last: dict, records: int) -> dict:
-    """What a resumed run needs to write the same summary and metrics as an uninterrupted one."""
-    return {"tokens_seen": int(tokens_seen), "metrics_records": int(records),
-            "last": {k: to_scalar(v) for k, v in last.items()},
-            "eval_log": {str(s): {str(T): [p, se] for T, (p, se) in r.items()} for s, r in eval_log.items()}}
-
-
-def _run_record_from(meta: dict) -> tuple[dict, int, dict, int | None]:
-    """(eval_log, tokens_seen, last, metrics_records) stored by `_run_record` (empty for old checkpoints)."""
-    run = meta.get("run") or {}
-    evals = {int(s): {int(T): (float(p), float(se)) for T, (p, se) in r.items()}
-             for s, r in run.get("eval_log", {}).items()}
-    return evals, int(run.get("tokens_seen", 0)), dict(run.get("last", {})), run.get("metrics_records")
-
-
-def _finished_summary(out: str, steps: int) -> dict | None:
-    """The summary of a run in `out` that already finished `steps` steps (summary.json and the final
-    checkpoint present), else None."""
-    path = os.path.join(out, "summary.json")
-    if not (os.path.isfile(path) and os.path.isdir(os.path.join(out, "checkpoints", str(steps)))):
-        return None
-    try:
-        with open(path) as f:
-            summary = json.load(f)
-    except (OSError, ValueError):
-        return None
-    return summary if isinstance(summary, dict) and summary.get("steps") == steps else None
-
-
-__all__ = ["NonFiniteError", "init_policy", "make_evaluator", "tasks_at", "train"]
+__all__ = ["NonFiniteError", "RunRecord", "TrainState", "Trainer", "make_evaluator", "tasks_at", "train"]

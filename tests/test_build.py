@@ -28,7 +28,7 @@ def test_run_bundle_is_frozen_and_built_from_the_config(tiny_tokenizer):
         run.budget = None
 
 
-@pytest.mark.parametrize("command, target", [("train", "bmrl.train.train"), ("sft", "bmrl.learn.sft.run_sft")])
+@pytest.mark.parametrize("command, target", [("train", "bmrl.train.train"), ("sft", "bmrl.sft.run_sft")])
 def test_cli_builds_once_and_passes_the_bundle_down(command, target, tmp_path, monkeypatch):
     """The command builds the Run (checking it) before anything is written and hands it to the runner."""
     module, name = target.rsplit(".", 1)

@@ -151,6 +151,44 @@ def test_layers_merge_in_order():
     assert config.build({"train": None}) == Config()  # an empty section in YAML is the defaults
 
 
+def test_default_grid_fits_the_turn_buffer():
+    """eval.ts left at its default follows rollout.max_turns (a user who sets max_turns 8 is not refused
+    for a default grid reaching 16); an explicit grid is kept; the resolved grid is what config.yaml holds."""
+    assert Config().eval.ts == [1, 2, 4, 8, 16]
+    assert config.load(None, ["rollout.max_turns=8"]).eval.ts == [1, 2, 4, 8]
+    assert config.load(None, ["rollout.max_turns=12"]).eval.ts == [1, 2, 4, 8, 12]
+    assert config.load(None, ["rollout.max_turns=8", "eval.ts=[1,3]"]).eval.ts == [1, 3]
+    cfg = config.load(None, ["rollout.max_turns=8", "budget.budgets=[4]", "reproduce.small_t=4"])
+    assert yaml.safe_load(config.to_yaml(cfg))["eval"]["ts"] == [1, 2, 4, 8]
+    with pytest.raises(ConfigError, match="eval.ts"):
+        config.load(None, ["rollout.max_turns=8", "eval.ts=[1,16]"])
+
+
+def test_registered_options_reach_their_functions():
+    """Each registered estimator and loss takes its own options from the config (grpo's normalize_std:
+    Dr. GRPO's mean-only baseline); what a function does not take, or the trainer passes, is refused."""
+    from types import SimpleNamespace
+
+    import jax.numpy as jnp
+
+    from bmrl.learn.step import compute_advantages
+
+    traj = SimpleNamespace(outcome_reward=jnp.array([1.0, 0.0, 0.0, 0.0]), loss_mask=jnp.ones((4, 2)))
+    plain = config.load(None, ["train.group_size=4", "train.advantage_options.normalize_std=false"]).train
+    assert compute_advantages(traj, plain)[:, 0].tolist() == [0.75, -0.25, -0.25, -0.25]
+    scaled = compute_advantages(traj, config.load(None, ["train.group_size=4"]).train)[:, 0]
+    assert float(scaled[0]) == pytest.approx(0.75 / 0.4330127, rel=1e-4)  # divided by the group's std
+    assert config.load(None, ["train.loss_options.clip_eps_high=0.28"]).train.loss_options == {"clip_eps_high": 0.28}
+    for override, key in (("train.advantage_options.nope=1", "train.advantage_options.nope"),
+                          ("train.loss_options.clip_eps=0.3", "train.loss_options.clip_eps"),
+                          ("train.advantage_options.eps=[1]", "train.advantage_options.eps")):
+        with pytest.raises(ConfigError) as err:
+            config.load(None, [override])
+        assert err.value.key == key
+    with pytest.raises(ConfigError, match="choose one of: llama, qwen2"):  # the model families' registry
+        config.load(None, ["model.model_type=gpt"])
+
+
 def test_resolved_yaml_round_trips(tmp_path, capsys):
     overrides = ["budget.kind=uniform", "budget.lo=2", "budget.hi=6", "env.options.length=5", "train.optim.lr=0.002"]
     assert main(["config", *overrides]) == 0

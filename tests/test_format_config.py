@@ -80,12 +80,13 @@ def qwen_dir(tmp_path_factory) -> str:
 def test_train_parses_replies_with_the_run_format(qwen_dir, tmp_path, monkeypatch):
     """A 1-step `train` with think_answer: the rollout and the evaluator get the run's format, and the
     steered policy's tagged replies are read as actions (an action-format run would find none)."""
+    import bmrl.build.players as players_lib
     import bmrl.train as train_lib
 
     used = []
-    for name in ("make_rollout", "make_evaluator"):
-        real = getattr(train_lib, name)
-        monkeypatch.setattr(train_lib, name, lambda *a, _real=real, **k: used.append(a[2]) or _real(*a, **k))
+    real_rollout, real_evaluator = players_lib.make_rollout, train_lib.make_evaluator
+    monkeypatch.setattr(players_lib, "make_rollout", lambda *a, **k: used.append(a[2]) or real_rollout(*a, **k))
+    monkeypatch.setattr(train_lib, "make_evaluator", lambda *a, **k: used.append(a[1].fmt) or real_evaluator(*a, **k))
     cfg = load(None, [*CORRIDOR, *THINK, f"model.path={qwen_dir}", f"out_dir={tmp_path / 'run'}",
                       "rollout.max_reply_tokens=24", "rollout.max_len=512", "train.steps=1",
                       "train.tasks_per_step=2", "train.group_size=2", "eval.num_tasks=4", "checkpoint.every=1"])

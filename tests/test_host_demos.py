@@ -11,6 +11,7 @@ from bmrl.envs import make
 from bmrl.envs.python.jax_env import JaxAsPython
 from bmrl.envs.python.tools import ToolUse
 from bmrl.learn.demos import make_demos
+from bmrl.learn.host_demos import make_host_demos
 from bmrl.rollout import RolloutConfig, default_format
 from bmrl.rollout.host import HostConfig, host_rollout
 from bmrl.rollout.pyenv import PythonEnv, host_format
@@ -43,7 +44,7 @@ def _both(corridor, **kw):
     env, penv, fmt, tasks = corridor
     args = dict(num_turns=TURNS, max_len=MAX_LEN, noise=0.3, recovery=0.5, **kw)
     ref = make_demos(env, fmt, {"seed": jnp.asarray(SEEDS)}, jax.random.key(3), **args)
-    got = make_demos(penv, fmt, tasks, jax.random.key(3), **args)
+    got = make_host_demos(penv, fmt, tasks, jax.random.key(3), **args)
     return _np(ref), _np(got)
 
 
@@ -63,7 +64,7 @@ def test_teacher_forced_host_rollout_reproduces_a_demo(corridor):
     """Playing a demo's actions through the host rollout with a model (its replies teacher-forced), with
     the demo's key and its turns as caps, gives the demo's tokens, loss mask and turns."""
     env, penv, fmt, tasks = corridor
-    d = _np(make_demos(penv, fmt, tasks, jax.random.key(4), num_turns=TURNS, max_len=MAX_LEN, noise=0.3,
+    d = _np(make_host_demos(penv, fmt, tasks, jax.random.key(4), num_turns=TURNS, max_len=MAX_LEN, noise=0.3,
                        recovery=0.5))
     played = [[env.action_strings[a] for a in row if a >= 0] for row in d.action]
 
@@ -94,7 +95,7 @@ def test_demo_invariants_without_action_strings(tiny_tokenizer):
     penv = PythonEnv.build("tools", lambda: ToolUse(items=4, k=2), {"train": tasks, "test": tasks}, tiny_tokenizer,
                            HostConfig(workers=4))
     fmt = host_format(penv)
-    d = _np(make_demos(penv, fmt, tasks, jax.random.key(0), num_turns=5, max_len=1024, noise=0.0, max_reply_tokens=64))
+    d = _np(make_host_demos(penv, fmt, tasks, jax.random.key(0), num_turns=5, max_len=1024, noise=0.0, max_reply_tokens=64))
     assert d.success.all() and (d.num_turns == 4).all() and not d.wrong.any() and not d.cut.any()
     for b in range(len(tasks)):
         mask = d.loss_mask[b] > 0
@@ -102,9 +103,9 @@ def test_demo_invariants_without_action_strings(tiny_tokenizer):
         assert mask.sum() == sum(len(r) for r in replies)
         assert all(r[-1] == fmt.stop_ids[0] for r in replies)
         assert tiny_tokenizer.decode([int(x) for x in replies[0][:-1]]).startswith("lookup ")
-    short = _np(make_demos(penv, fmt, tasks, jax.random.key(0), num_turns=5, max_len=1024, noise=0.0,
+    short = _np(make_host_demos(penv, fmt, tasks, jax.random.key(0), num_turns=5, max_len=1024, noise=0.0,
                            max_reply_tokens=4))
     assert short.overflow.all() and (short.num_turns < 4).all(), "a reply longer than a policy may give ends the demo"
     with pytest.raises(ValueError, match="action_strings"):
-        make_demos(penv, fmt, tasks, jax.random.key(0), num_turns=5, max_len=1024, noise=0.25)
+        make_host_demos(penv, fmt, tasks, jax.random.key(0), num_turns=5, max_len=1024, noise=0.25)
     assert isinstance(ToolUse().reset(seed=1)[1][NEXT_ORACLE], str)

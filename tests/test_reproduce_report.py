@@ -115,7 +115,7 @@ def test_first_run_says_every_stage(tiny_run):
 def test_rerun_re_renders_from_saved_results(tiny_run, monkeypatch):
     from bmrl import build, train
     from bmrl.eval import run
-    from bmrl.learn import sft
+    from bmrl import sft
     from bmrl.reproduce import reproduce
 
     out, cfg, _ = tiny_run

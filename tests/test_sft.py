@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from bmrl.config import ConfigError, build
-from bmrl.learn.sft import run_sft
+from bmrl.sft import run_sft
 from bmrl.model import from_pretrained
 
 OVERRIDES = [

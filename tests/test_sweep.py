@@ -136,10 +136,19 @@ def test_rerun_skips_finished_runs(tmp_path, capsys, fake):
     os.remove(tmp_path / "out" / NAMES[5] / "summary.json")
     _sweep(tmp_path, capsys, SPEC)
     assert [c.out_dir for c in fake.calls] == [str(tmp_path / "out" / NAMES[5])]
-    # a CLI override changes the configs: finished runs are still skipped, with a note
+    # a CLI override changes the configs: the run directories made with other settings are refused
+    # before any work (exit 2, the one rule of bmrl.rundir), nothing rewritten
     fake.calls.clear()
+    before = (tmp_path / "out" / "summary.csv").read_bytes()
     code, out = _sweep(tmp_path, capsys, SPEC, "train.steps=4")
-    assert fake.calls == [] and "differs from this sweep's" in out.out
+    assert code == 2 and fake.calls == [] and "train.steps" in out.err and "delete" in out.err
+    assert (tmp_path / "out" / "summary.csv").read_bytes() == before
+
+
+def test_unwritable_sweep_dir_exits_2(tmp_path, capsys, fake):
+    (tmp_path / "out").write_text("a file where the sweep directory should be")
+    code, out = _sweep(tmp_path, capsys, SPEC)
+    assert code == 2 and fake.calls == [] and "not a directory" in out.err
 
 
 @pytest.mark.parametrize("write_before_fail", [False, True])
@@ -227,7 +236,7 @@ def test_dry_run_lists_runs_and_writes_nothing(tmp_path, capsys, fake):
 
 
 def test_lazy_commands_and_registration(monkeypatch):
-    assert sweep_lib.COMMANDS["train"] == "bmrl.train:train" and sweep_lib.COMMANDS["sft"] == "bmrl.learn.sft:run_sft"
+    assert sweep_lib.COMMANDS["train"] == "bmrl.train:train" and sweep_lib.COMMANDS["sft"] == "bmrl.sft:run_sft"
     monkeypatch.setitem(sweep_lib.COMMANDS, "ghost", "bmrl.no_such_module:run")
     with pytest.raises(ConfigError, match="needs bmrl.no_such_module, which this install does not have"):
         sweep_lib.resolve_command("ghost")

@@ -29,7 +29,7 @@ def test_training_works_rl_from_sft_base_raises_success(tmp_path):
     demos on a 4-cell slippery corridor) raises Pass@(1,6) on 96 held-out corridors by >= 0.1 in 20 steps of
     8 tasks x 8 attempts (GRPO, PPO loss, Adam lr 1e-3 constant). Measured: 0.10 -> 0.35, as with
     2 layers (lr 3e-3 collapses this tiny policy to invalid replies within one step)."""
-    from bmrl.learn.sft import run_sft
+    from bmrl.sft import run_sft
     from bmrl.train import train
 
     sft_cfg = config_lib.build({**WORKS, "out_dir": str(tmp_path / "sft")})

@@ -19,13 +19,13 @@ Exit status 0 on success, 2 on a bad config, SPEC or directory.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
 from typing import Any
 
-from bmrl.commands._common import ConfigExit, add_config_args, load_config
+from bmrl.commands._common import ConfigExit, add_config_args, claim_out, load_config
+from bmrl.rundir import RunDir
 
 SCRIPTED = {"oracle": (), "random": (), "noisy_oracle": ("eps", "repair")}
 
@@ -102,14 +102,12 @@ def _run(args: argparse.Namespace, cfg) -> int:
     import jax
 
     from bmrl import build as pol
-    from bmrl.eval.evaluate import evaluate
+    from bmrl.eval.run import evaluate_config
     from bmrl.study.findings import compare_findings
 
     specs = {"base": parse_spec(args.base), "trained": parse_spec(args.trained)}
-    python = cfg.env.kind == "python"
-    if python and any(s["kind"] == "scripted" for s in specs.values()):
-        raise ValueError("scripted policies act on a JAX env's state; with env.kind=python compare two model "
-                         "directories (F2 then reads the oracle's action from the env's info['oracle_action']).")
+    out = RunDir(args.out or os.path.join(cfg.out_dir, "compare"))
+    claim_out("compare", out.path)  # not writable: exit 2 before any work
     e = cfg.eval
     if e.bootstrap < 10:
         raise ValueError(f"compare needs intervals: eval.bootstrap must be >= 10 resamples, got {e.bootstrap}.")
@@ -117,37 +115,31 @@ def _run(args: argparse.Namespace, cfg) -> int:
     loaded = {n: pol.load_policy(s["path"]) for n, s in specs.items() if s["kind"] == "dir"}
     tokenizers = [tok for _, tok in loaded.values()]
     shared_tok = tokenizers[0] if tokenizers else pol.build_tokenizer(cfg)
-    rcfg = pol.rollout_config(cfg, for_eval=True)
+    runs = {n: pol.build_run(cfg, loaded[n][1] if n in loaded else shared_tok) for n in specs}  # env, format, buffer
+    if scripted and not all(r.player.replays_states for r in runs.values()):
+        raise ValueError("scripted policies act on a JAX env's state; with env.kind=python compare two model "
+                         "directories (F2 then reads the oracle's action from the env's info['oracle_action']).")
     results = {}
-    for name in specs:
-        model, tok = loaded[name] if name in loaded else (scripted[name], shared_tok)
-        if name in loaded:  # this policy's tokenizer: env, the run's format, checked buffer
-            run = pol.build_run(cfg, tok)
-            env, fmt = run.env, run.fmt
-        else:  # a scripted policy acts on the env's state, no text
-            run, env, fmt = None, pol.make_env(cfg, tok), None
-        tasks = pol.split_tasks(cfg, "test", e.num_tasks, run=run)
+    for name, run in runs.items():
+        model = loaded[name][0] if name in loaded else scripted[name]
         print(f"compare: {name} = {getattr(args, name)}: {e.num_tasks} tasks x {e.attempts} attempts, T in {list(e.ts)}",
               file=sys.stderr)
-        results[name] = evaluate(model, env, tasks, ts=e.ts, ks=e.ks, attempts=e.attempts, rollout_cfg=rcfg,
-                                 key=jax.random.key(cfg.seed), mode=e.mode, bootstrap=e.bootstrap, fmt=fmt)
+        # a scripted policy acts on the env's state, no text: no format
+        results[name] = evaluate_config(cfg, run, model, jax.random.key(cfg.seed),
+                                        **({} if name in loaded else {"fmt": None}))
     suites = pol.suite_summary(cfg, run)  # how the test tasks were held out, and how many repeat a training level
     findings = compare_findings(results["base"], results["trained"], num_resamples=e.bootstrap)
-    env_name = f"python {cfg.env.entry}" if python else cfg.env.name
+    env_name = pol.env_label(cfg)
     settings = {"config": args.config, "base": args.base, "trained": args.trained, "env": f"{env_name} {dict(cfg.env.options)}",
                 "tasks": f"{e.num_tasks} held-out test tasks x {e.attempts} attempts", "T grid": list(e.ts), "mode": e.mode,
                 "seed": cfg.seed, "bootstrap resamples": e.bootstrap}
-    out = args.out or os.path.join(cfg.out_dir, "compare")
-    os.makedirs(out, exist_ok=True)
-    summary = {"findings": {k: f.to_dict() for k, f in findings.items()}, "policies": {n: r.summary() for n, r in results.items()}, "settings": settings,
-               "interval": INTERVAL, "suites": suites}
-    with open(os.path.join(out, "summary.json"), "w") as f:
-        json.dump(_no_nan(summary), f, indent=2, default=float, allow_nan=False)
-    with open(os.path.join(out, "report.md"), "w") as f:
-        f.write(report(findings, results, settings, suites))
+    summary = {"findings": {k: f.to_dict() for k, f in findings.items()}, "policies": {n: r.summary() for n, r in results.items()},
+               "settings": settings, "interval": INTERVAL, "suites": suites}
+    written = out.write_json("summary.json", _no_nan(summary), default=float, allow_nan=False)
+    report_path = out.write_text("report.md", report(findings, results, settings, suites))
     for f in findings.values():
         print(f.sentence())
-    print(f"wrote {os.path.join(out, 'report.md')}, {os.path.join(out, 'summary.json')}")
+    print(f"wrote {report_path}, {written}")
     return 0
 
 

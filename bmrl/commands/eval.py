@@ -15,7 +15,7 @@ import argparse
 import os
 import sys
 
-from bmrl.commands._common import add_config_args, config_exit, load_config
+from bmrl.commands._common import add_config_args, claim_out, config_exit, load_config
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -88,13 +88,13 @@ def _run(args: argparse.Namespace, cfg) -> int:
     inject_turns = [t - 1 for t in turns]  # 0-based
     e = cfg.eval
     out = args.out or os.path.join(cfg.out_dir, "eval")
+    claim_out("eval", out)  # not writable: exit 2 before any work
     policies = {name: pol.load_policy(path) for name, path in zip(names, args.policy)}  # fail early on a bad dir
     results = evaluate_policies(cfg, policies, inject_turns=inject_turns, inject_prob=args.inject_prob,
                                 probe_noise=args.probe_noise, window=args.window)
     settings = {
         "config": args.config, "policies": ", ".join(f"{n} = {p}" for n, p in zip(names, args.policy)),
-        "env": (f"{cfg.env.entry} (python) {dict(cfg.env.options)}, tasks {cfg.data.tasks}" if cfg.env.kind == "python"
-                else f"{cfg.env.name} {dict(cfg.env.options)}"), "show budget": cfg.env.show_budget,
+        "env": pol.env_line(cfg), "show budget": cfg.env.show_budget,
         "sampling temperature": e.temperature, "seed": cfg.seed,
         "error injection": f"turns {[t + 1 for t in inject_turns]}, p={args.inject_prob}" if inject_turns else "off",
     }

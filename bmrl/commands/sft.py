@@ -3,7 +3,8 @@
 Writes <out_dir>/policy (a Hugging Face directory with its tokenizer), config.yaml,
 sft_metrics.jsonl and summary.json. --config is required. A Python env (env.kind=python) must name its
 oracle's next action (info["next_oracle_action"], bmrl/envs/python/protocol.py). A bad config (the buffer and model directory
-included) stops before anything is written, with exit status 2.
+included), an out_dir that is not writable or holds a run made with other settings (bmrl.rundir) stop before
+anything is written, with exit status 2; a finished out_dir with the same settings is left as it is.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ def run(args: argparse.Namespace) -> int:
     from bmrl.config import ConfigError
 
     cfg, built = load_run(args, "sft")
-    from bmrl.learn.sft import run_sft
+    from bmrl.sft import run_sft
 
     try:
         s = run_sft(cfg, run=built)

@@ -35,6 +35,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from bmrl.config import ConfigError
+    from bmrl.rundir import OutputNotWritable
     from bmrl.sweep import load_sweep, run_sweep
 
     try:
@@ -47,7 +48,14 @@ def run(args: argparse.Namespace) -> int:
         for r in sweep.runs:
             print(f"  {r.name}")
         return 0
-    results = run_sweep(sweep, fail_fast=args.fail_fast)
+    try:
+        results = run_sweep(sweep, fail_fast=args.fail_fast)
+    except ConfigError as err:  # a run directory made with other settings: refused before any work
+        print(f"bmrl sweep: config error: {err}", file=sys.stderr)
+        return EXIT_CONFIG
+    except OutputNotWritable as err:
+        print(f"bmrl sweep: {err.strerror}", file=sys.stderr)
+        return EXIT_CONFIG
     with open(f"{sweep.out_dir}/summary.md") as f:
         print("\n" + f.read())
     failed = [r for r in results if r.status == "failed"]

@@ -2,8 +2,8 @@
 BudgetMix caps, evaluation at several T, metrics, checkpoints and automatic resume.
 
 Exit status 0 on success (also for a run that already finished: nothing is rewritten); 2 on bad input
-(a config error, an unwritable out_dir, checkpoints that are all corrupt or hold another model); 3
-when a guard stops the run (too many non-finite updates in a row, a checkpoint write that failed, e.g.
+(a config error, an unwritable out_dir or one made with other settings, checkpoints that are all corrupt or
+hold another model); 3 when a guard stops the run (too many non-finite updates in a row, a checkpoint write that failed, e.g.
 a full disk): the last good checkpoint is kept and the same command resumes from it; 1 is a bug.
 """
 

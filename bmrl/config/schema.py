@@ -124,8 +124,10 @@ class TrainCfg:
     steps: int = 40  # RL steps (one rollout batch + update each)
     tasks_per_step: int = 16  # distinct tasks per rollout batch
     group_size: int = 8  # attempts per task (batch = tasks_per_step * group_size)
-    advantage: str = "grpo"  # grpo | rloo | reinforce
-    loss: str = "ppo"  # ppo | pg
+    advantage: str = "grpo"  # grpo | rloo | reinforce (bmrl.learn.ADVANTAGES)
+    advantage_options: dict[str, Any] = field(default_factory=dict)  # keyword options of that estimator, e.g. {normalize_std: false} for grpo (Dr. GRPO)
+    loss: str = "ppo"  # ppo | pg (bmrl.learn.LOSSES)
+    loss_options: dict[str, Any] = field(default_factory=dict)  # keyword options of that loss beyond the train.* ones, e.g. {clip_eps_high: 0.28} for ppo
     epochs: int = 1  # passes over each rollout batch
     minibatches: int = 1  # minibatches per epoch; must divide the batch
     clip_eps: float = 0.2  # PPO ratio clip
@@ -145,7 +147,7 @@ class TrainCfg:
 class EvalCfg:
     """Pass@(K,T) evaluation on the held-out suite, and the decision-accuracy probe."""
 
-    ts: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16])  # turn budgets T of the surface; each <= rollout.max_turns
+    ts: Optional[list[int]] = None  # turn budgets T of the surface, each <= rollout.max_turns; null = the powers of 2 below rollout.max_turns and max_turns itself ([1, 2, 4, 8, 16] at 16, [1, 2, 4, 8] at 8)
     ks: list[int] = field(default_factory=lambda: [1, 2, 4, 8])  # attempt counts K of the surface; each <= attempts
     attempts: int = 8  # n attempts per task (K <= n)
     num_tasks: int = 64  # held-out tasks evaluated
@@ -228,6 +230,17 @@ class Config:
     checkpoint: CheckpointCfg = field(default_factory=CheckpointCfg)
     mesh: MeshCfg = field(default_factory=MeshCfg)
     reproduce: ReproduceCfg = field(default_factory=ReproduceCfg)
+
+    def __post_init__(self) -> None:
+        if self.eval.ts is None:  # the default grid fits the turn buffer it runs in
+            self.eval.ts = default_ts(self.rollout.max_turns)
+
+
+def default_ts(max_turns: int) -> list[int]:
+    """The default grid of turn budgets for a turn buffer of `max_turns`: the powers of 2 below it, then
+    `max_turns` itself ([1, 2, 4, 8, 16] at 16, [1, 2, 4, 8, 12] at 12), so every T is a cap the rollout runs."""
+    out = [t for t in (2 ** i for i in range(max(int(max_turns), 1).bit_length())) if t < max_turns]
+    return out + [max(int(max_turns), 1)]
 
 
 # ---- reading the schema -----------------------------------------------------------------------------

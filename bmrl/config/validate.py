@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-import warnings
 from typing import Any
 
 from bmrl.config.schema import (
@@ -34,6 +33,27 @@ SEED_MAX = 2**31 - 1  # jax.random.key keeps 32 bits without x64: larger seeds w
 def _one_of(key: str, value: str, allowed) -> None:
     if value not in allowed:
         raise ConfigError(key, f"{value!r} is not allowed; choose one of: {', '.join(allowed)}.")
+
+
+# Options the trainer passes an advantage estimator or a loss itself (from train.*): not settable as options.
+TRAINER_PASSES = ("rewards", "group_size", "logp_new", "logp_old", "advantages", "loss_mask", "logp_ref", "entropy",
+                  "clip_eps", "kl_coef", "entropy_coef", "aggregation", "clip")
+
+
+def check_options(key: str, fn: Any, options: dict, taken: tuple[str, ...] = ()) -> None:
+    """Refuse an option that `fn` (a registered estimator or loss) does not take as a keyword with a
+    default, or that the trainer passes itself (`taken`); what is allowed comes from its signature."""
+    import inspect
+
+    params = inspect.signature(fn).parameters.values()
+    allowed = [p.name for p in params if p.default is not inspect.Parameter.empty and p.name not in taken
+               and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    for name, value in dict(options or {}).items():
+        if name not in allowed:
+            raise ConfigError(f"{key}.{name}", f"is not an option of {fn.__name__}; its options: "
+                              f"{', '.join(allowed) or 'none'} (set the shared ones under train.*).")
+        if isinstance(value, (dict, list)):
+            raise ConfigError(f"{key}.{name}", f"must be a number, a bool or text, got {value!r}.")
 
 
 def _positive(cfg: Any, prefix: str, names: tuple[str, ...], minimum: int = 1) -> None:
@@ -59,9 +79,10 @@ def check_caps(key: str, caps, max_turns: int, fix: str = "raise rollout.max_tur
         raise ConfigError(key, f"every turn must be in [1, rollout.max_turns={max_turns}], got {caps}{above}; {fix}.")
 
 
-def cap_range(budget) -> tuple[int, int]:
-    """(smallest, largest) cap of a `Budget`, without listing a uniform budget's whole range."""
-    return (budget.lo, budget.hi) if budget.kind == "uniform" else (budget.min_cap, budget.max_cap)
+def _cap_range(budget) -> tuple[int, int]:
+    from bmrl.budget import cap_range  # bmrl.budget imports jax: not when the config is read (CLI start-up)
+
+    return cap_range(budget)
 
 
 def make_budget(b: BudgetCfg, prefix: str = "budget"):
@@ -131,7 +152,7 @@ def check_reproduce(cfg: Config) -> dict:
         if name == "base" or not name.replace("_", "").replace("-", "").isalnum():
             raise ConfigError(f"reproduce.variants.{name}", "variant names are letters, digits, '_' or '-', and not 'base'.")
         budget = budgets[name] = make_budget(b, f"reproduce.variants.{name}")
-        check_caps(f"reproduce.variants.{name}", cap_range(budget), cfg.rollout.max_turns, "raise max_turns or lower the budget")
+        check_caps(f"reproduce.variants.{name}", _cap_range(budget), cfg.rollout.max_turns, "raise max_turns or lower the budget")
     for role in ("generous", "tight", "budgetmix"):
         if getattr(rep, role) not in rep.variants:
             raise ConfigError(f"reproduce.{role}", f"{getattr(rep, role)!r} is not a variant; variants are {sorted(rep.variants)}.")
@@ -171,7 +192,6 @@ _ENV_CHECKS: dict[str, str | None] = {}
 
 
 ENV_KINDS = ("jax", "python")
-ON_FAULT = ("observe", "end")
 
 
 def _check_python_env(cfg: Config) -> None:
@@ -200,6 +220,8 @@ def _check_python_env(cfg: Config) -> None:
     if not e.step_timeout_s > 0:
         raise ConfigError("env.step_timeout_s", f"must be > 0 seconds, got {e.step_timeout_s}.")
     _positive(e, "env", ("workers", "pipeline_groups"))
+    from bmrl.rollout.host import ON_FAULT  # what a fault of user code does, as the host loop knows it
+
     _one_of("env.on_fault", e.on_fault, ON_FAULT)
 
 
@@ -249,7 +271,9 @@ def _check_model(m: ModelCfg) -> None:
         if not m.path.strip():
             raise ConfigError("model.path", "is empty; give a local Hugging Face directory or null for a tiny model.")
         return
-    _one_of("model.model_type", m.model_type, ("llama", "qwen2"))
+    from bmrl.model.families import FAMILIES  # one spec per model family
+
+    _one_of("model.model_type", m.model_type, tuple(FAMILIES))
     _positive(m, "model", ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                            "num_attention_heads", "num_key_value_heads"))
     if m.hidden_size % m.num_attention_heads:
@@ -274,7 +298,9 @@ def _check_format(f: FormatCfg) -> None:
 
 
 def _check_optim(key: str, o: OptimCfg) -> None:
-    _one_of(f"{key}.schedule", o.schedule, ("cosine", "constant"))
+    from bmrl.learn.optim import SCHEDULES  # the schedule registry
+
+    _one_of(f"{key}.schedule", o.schedule, SCHEDULES)
     if o.lr <= 0:
         raise ConfigError(f"{key}.lr", f"must be > 0, got {o.lr}.")
     _positive(o, key, ("warmup_steps",), minimum=0)
@@ -294,7 +320,9 @@ def validate(cfg: Config) -> None:
     Static checks only; what needs the tokenizer and the environment is `check_fits`, which
     `bmrl.build.build_run` runs before a run writes anything.
     """
-    from bmrl.learn import ADVANTAGES, LOSSES  # registries by name
+    from bmrl.eval.evaluate import MODES  # the registries of allowed values, read where they live
+    from bmrl.learn import ADVANTAGES, LOSSES
+    from bmrl.learn.losses import AGGREGATIONS
 
     check_seed("seed", cfg.seed)
     check_numbers(cfg)
@@ -304,7 +332,7 @@ def validate(cfg: Config) -> None:
     r = cfg.rollout
     _positive(r, "rollout", ("max_turns", "max_reply_tokens", "max_len"))
     b = make_budget(cfg.budget)
-    check_caps("budget", cap_range(b), r.max_turns, "raise max_turns or lower the budget")
+    check_caps("budget", _cap_range(b), r.max_turns, "raise max_turns or lower the budget")
     if r.temperature < 0:
         raise ConfigError("rollout.temperature", f"must be >= 0 (0 = greedy), got {r.temperature}.")
     _positive(r, "rollout", ("top_k", "compact_min_rows", "attention_block"), minimum=0)
@@ -313,13 +341,15 @@ def validate(cfg: Config) -> None:
     _check_format(cfg.format)
     e = cfg.eval
     check_caps("eval.ts", e.ts, r.max_turns, "every T of the surface must be a cap the rollout can run")
-    _check_env(cfg, max(cap_range(b)[1], max(e.ts)))
+    _check_env(cfg, max(_cap_range(b)[1], max(e.ts)))
     t = cfg.train
     _positive(t, "train", ("tasks_per_step", "group_size", "epochs", "minibatches", "max_nonfinite"))
     _positive(t, "train", ("steps",), minimum=0)
     _one_of("train.advantage", t.advantage, tuple(ADVANTAGES))
     _one_of("train.loss", t.loss, tuple(LOSSES))
-    _one_of("train.aggregation", t.aggregation, ("token_mean", "seq_mean"))
+    _one_of("train.aggregation", t.aggregation, AGGREGATIONS)
+    check_options("train.advantage_options", ADVANTAGES[t.advantage], t.advantage_options, TRAINER_PASSES)
+    check_options("train.loss_options", LOSSES[t.loss], t.loss_options, TRAINER_PASSES)
     if (t.tasks_per_step * t.group_size) % t.minibatches:
         raise ConfigError("train.minibatches", f"{t.minibatches} does not divide the batch of {t.tasks_per_step * t.group_size} rollouts.")
     _positive(t, "train", ("microbatches",))
@@ -339,7 +369,7 @@ def validate(cfg: Config) -> None:
     _in_range("sft.recovery", cfg.sft.recovery, 0, 1)
     _positive(cfg.sft, "sft", ("batch_size", "demo_turns"))
     _positive(cfg.sft, "sft", ("steps",), minimum=0)
-    _one_of("eval.mode", e.mode, ("exact", "truncate", "both"))
+    _one_of("eval.mode", e.mode, MODES)
     _positive(e, "eval", ("attempts", "num_tasks"))
     _positive(e, "eval", ("every", "bootstrap", "probe_states"), minimum=0)
     if not e.ks or min(e.ks) < 1 or max(e.ks) > e.attempts:
@@ -356,119 +386,3 @@ def validate(cfg: Config) -> None:
         raise ConfigError("mesh", f"at most one axis may be -1 (all remaining devices), got {sizes}.")
     if cfg.mesh.device_memory_gb < 0:
         raise ConfigError("mesh.device_memory_gb", f"must be >= 0 (0 = ask the device), got {cfg.mesh.device_memory_gb}.")
-
-
-# ---- runtime facts: the context buffer against the caps, once the env and format are built -----------
-
-
-def fitting_cap(cfg: Config, env, fmt, cap: int) -> int:
-    """The largest cap <= `cap` whose worst-case conversation fits `rollout.max_len` (0 if none)."""
-    r = cfg.rollout
-    while cap > 0 and fmt.tokens_needed(cap, env.max_obs_len, r.max_reply_tokens) > r.max_len:
-        cap -= 1
-    return cap
-
-
-def _check_reply(cfg: Config, env, fmt) -> None:
-    """Refuse a `rollout.max_reply_tokens` that cannot hold the longest action (a Python env without
-    action strings: one token) in the run's reply format (think_answer: inside its answer tags) plus
-    the stop token."""
-    longest = max(env.max_action_len, 1)
-    need = getattr(fmt, "min_reply_tokens", lambda n: n + 1)(longest)
-    have = cfg.rollout.max_reply_tokens
-    if have >= need:
-        return
-    what = f"the longest action{' string' if cfg.env.kind == 'python' else ''} of {env.name} ({longest} tokens)"
-    if not env.max_action_len:
-        what = f"a one-token action of {env.name} (it lists no action strings)"
-    layout, fix = "plus the stop token", f"set it >= {need}"
-    if getattr(fmt, "reply_format", "action") != "action":
-        tags = len(fmt.answer_open) + len(fmt.answer_close)
-        layout = f"inside the {fmt.reply_format} answer tags ({tags} tokens) plus the stop token"
-        fix += " plus room for the reasoning, or set format.kind=action"
-    raise ConfigError("rollout.max_reply_tokens", f"{have} cannot hold {what} {layout}; {fix}.")
-
-
-def _check_fits_python(cfg: Config, env, fmt) -> list[str]:
-    """A Python env's observations are known only as it runs: the buffer must hold the prompt, the
-    longest first observation of the tasks and one reply; longer episodes stop as overflow."""
-    r = cfg.rollout
-    _check_reply(cfg, env, fmt)
-    need = fmt.tokens_needed(1, env.max_obs_len, r.max_reply_tokens)
-    if need > r.max_len:
-        raise ConfigError("rollout.max_len", f"{r.max_len} cannot hold one turn of {env.name}: the prompt and the "
-                          f"longest first observation of the tasks ({env.max_obs_len} tokens) and a reply need "
-                          f"{need} tokens; raise rollout.max_len to >= {need}.")
-    return []
-
-
-def check_demos(cfg: Config, env) -> None:
-    """Refuse a Python env whose oracle cannot be played before acting (`bmrl sft`, `bmrl reproduce`):
-    reset's info must name `next_oracle_action` (a str) on the first train task, and a noisy oracle
-    (sft.noise > 0) draws its wrong actions from the env's `action_strings`. A JAX env always can."""
-    if cfg.env.kind != "python":
-        return
-    from bmrl.rollout.scripts import NEXT_ORACLE
-
-    entry = cfg.env.entry
-    try:
-        info = env.factory().reset(seed=0, options=env.split("train")[0])[1]
-    except Exception as err:  # noqa: BLE001 - user code
-        raise ConfigError("env.entry", f"{entry}: reset of the first train task failed ({type(err).__name__}: "
-                          f"{err}); fix the environment or the task file.") from None
-    if not isinstance(info, dict) or not isinstance(info.get(NEXT_ORACLE), str):
-        raise ConfigError("env.entry", f"{entry} gives no info[{NEXT_ORACLE!r}] (a str) from reset: SFT "
-                          "demonstrations play the env's oracle before each action, so reset's and step's info must "
-                          f"name {NEXT_ORACLE!r}, the best action in the state the observation describes "
-                          "(bmrl/envs/python/protocol.py); add it, or skip SFT and `bmrl train` from a policy of "
-                          "your own (model.path).")
-    if cfg.sft.noise > 0 and not env.action_strings:
-        raise ConfigError("sft.noise", f"{cfg.sft.noise} needs the env's action_strings (the noisy oracle draws its "
-                          f"wrong actions from them) and {entry} lists none; set sft.noise=0, or give the env a "
-                          "finite action_strings list.")
-
-
-def check_fits(cfg: Config, env, fmt, budget) -> list[str]:
-    """Check the context buffer against the caps of `budget` and eval.ts; returns (and warns) the
-    non-fatal problems.
-
-    Refuses (`ConfigError`) a reply limit below the longest action in the run's reply format
-    (`format.kind`; think_answer: inside the answer tags) plus its stop token, and a
-    `rollout.max_len` that cannot hold even the smallest cap (of the budget and of eval.ts) in the
-    worst case, every reply at its token limit: the rollout refuses such a batch. Warns, with the
-    numbers, when the largest cap or a full SFT demonstration may not fit: such sequences stop
-    early and are flagged as overflow (the worst case is rare: real replies are short).
-    """
-    if cfg.env.kind == "python":
-        return _check_fits_python(cfg, env, fmt)
-    r = cfg.rollout
-    _check_reply(cfg, env, fmt)
-    smallest = min(cap_range(budget)[0], min(cfg.eval.ts))
-    need = fmt.tokens_needed(smallest, env.max_obs_len, r.max_reply_tokens)
-    if need > r.max_len:
-        raise ConfigError(
-            "rollout.max_len",
-            f"{r.max_len} cannot hold even the smallest cap: {smallest} turn(s) of {env.name} need up to {need} "
-            f"tokens (prompt {fmt.first_chunk_len(env.max_obs_len)}, {r.max_reply_tokens} per reply, "
-            f"{fmt.turn_chunk_len(env.max_obs_len) - 1} per observation); raise rollout.max_len to >= {need}.",
-        )
-    problems = []
-    largest = max(cap_range(budget)[1], max(cfg.eval.ts))
-    need = fmt.tokens_needed(largest, env.max_obs_len, r.max_reply_tokens)
-    if need > r.max_len:
-        problems.append(
-            f"rollout.max_len={r.max_len} may not hold the largest cap: {largest} turns of {env.name} need up "
-            f"to {need} tokens in the worst case ({fitting_cap(cfg, env, fmt, largest)} turns always fit); "
-            f"longer episodes stop early (overflow). Raise rollout.max_len to {need} to rule it out."
-        )
-    from bmrl.learn.demos import demo_tokens_needed
-
-    need = demo_tokens_needed(env, fmt, cfg.sft.demo_turns)
-    if need > r.max_len:
-        problems.append(
-            f"rollout.max_len={r.max_len} may not hold a {cfg.sft.demo_turns}-turn demonstration (up to {need} "
-            "tokens); longer demos end at the last turn that fits."
-        )
-    for p in problems:
-        warnings.warn(p, stacklevel=2)
-    return problems

@@ -30,6 +30,8 @@ from typing import Any
 import numpy as np
 
 from bmrl import compiles
+from bmrl.learn.demos import make_demos
+from bmrl.rollout import default_format
 from bmrl.rollout.engine import play
 from bmrl.rollout.model_policy import ModelPolicy
 from bmrl.rollout.policies import Replay, ReplayPolicy
@@ -293,8 +295,6 @@ def probe_set(
     reply) fits `max_len`. Deterministic in `seed`."""
     import jax
 
-    from bmrl.learn.demos import make_demos
-
     n = int(np.shape(jax.tree.leaves(tasks)[0])[0])
     if num_states < 1:
         raise ValueError(f"num_states must be >= 1, got {num_states}.")
@@ -335,8 +335,6 @@ def probe_accuracy(policy, env, probes: ProbeSet, rollout_cfg, *, key: Any = 0, 
         key = jax.random.key(int(key))
     keys = jax.random.split(key, probes.size)
     if isinstance(policy, nnx.Module):
-        from bmrl.rollout import default_format
-
         fmt = fmt or default_format(env)
         if probes.tokens.shape[1] != rollout_cfg.max_len:
             raise ValueError(

@@ -9,13 +9,31 @@ equalised across policies).
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from bmrl.config import Config
+import jax
+
+from bmrl.build import build_run, load_policy
+from bmrl.config import Config, ConfigError
+from bmrl.eval.decompose import probe_accuracy, probe_set
+from bmrl.eval.evaluate import attach_injection, evaluate
+from bmrl.eval.report import write_report
+from bmrl.rundir import RunDir
+
+
+def evaluate_config(cfg: Config, run: Any, policy: Any, key: Any, tasks: Any = None, **grid: Any) -> Any:
+    """The one spelling of "evaluate a policy from a config": `bmrl.eval.evaluate` of `policy` on the
+    run's env (`run`, a `bmrl.build.Run`) over its first `eval.num_tasks` test tasks (or `tasks`), on the
+    grid eval.ks x eval.ts in eval.mode with eval.attempts and eval.bootstrap, at eval.temperature,
+    in the run's format. `grid`: what a caller evaluates differently (e.g. `ts=[cap], ks=[1], attempts=1`)."""
+    e = cfg.eval
+    tasks = run.player.tasks("test", e.num_tasks) if tasks is None else tasks
+    args = dict(ts=e.ts, ks=e.ks, attempts=e.attempts, rollout_cfg=run.eval_rollout, mode=e.mode,
+                bootstrap=e.bootstrap, fmt=run.fmt) | grid
+    return evaluate(policy, run.env, tasks, key=key, **args)
 
 
 def evaluate_policies(
@@ -29,61 +47,56 @@ def evaluate_policies(
     log: Callable[[str], Any] = lambda msg: print(msg, file=sys.stderr),
 ) -> dict[str, Any]:
     """{name: EvalResult} for `policies` = {name: (model, tokenizer)}; inject_turns are 0-based."""
-    import jax
-
-    from bmrl import build as pol
-    from bmrl.eval.decompose import probe_accuracy, probe_set
-    from bmrl.eval.evaluate import attach_injection, evaluate
-
     e = cfg.eval
-    rcfg = pol.rollout_config(cfg, for_eval=True)
     key = jax.random.key(cfg.seed)
-    common = dict(rollout_cfg=rcfg, window=window)
-    python = cfg.env.kind == "python"
     results = {}
     for i, (name, (model, tokenizer)) in enumerate(policies.items(), 1):
-        run = pol.build_run(cfg, tokenizer)  # this policy's tokenizer: env, format, checked buffer
-        env, fmt = run.env, run.fmt
-        tasks = pol.split_tasks(cfg, "test", e.num_tasks, run=run)
-        num = len(tasks) if python else e.num_tasks
-        log(f"eval {name} (policy {i}/{len(policies)}): {num} tasks x {e.attempts} attempts, T in {list(e.ts)}, mode {e.mode}")
-        result = evaluate(model, env, tasks, key=key, mode=e.mode, fmt=fmt, ts=e.ts, ks=e.ks,
-                          attempts=e.attempts, bootstrap=e.bootstrap, **common)
-        if python:
-            if result.faults:
-                log(f"eval {name}: {result.faults} faults of {env.name} (exceptions, timeouts, bad returns); "
-                    "their tasks and messages are in the log")
-            if e.probe_states > 0 or (inject_turns and inject_prob > 0):
-                log(f"eval {name}: skipped the decision-accuracy probes and error injection: they replay a JAX "
-                    f"env's oracle states, and {env.name} is a Python env (env.kind=python)")
-            results[name] = result
-            continue
-        if e.probe_states > 0:
-            probes = probe_set(env, fmt, tasks, num_states=e.probe_states, seed=cfg.seed, noise=probe_noise,
-                               num_turns=rcfg.max_turns, max_len=rcfg.max_len, reserve=rcfg.max_reply_tokens)
-            probe = probe_accuracy(model, env, probes, rcfg, key=cfg.seed + 1, fmt=fmt,
-                                   num_resamples=max(e.bootstrap, 0))
-            result = dataclasses.replace(result, probe=probe)
-        if inject_turns and inject_prob > 0:
-            result = attach_injection(result, model, env, tasks, turns=list(inject_turns), prob=inject_prob, key=key,
-                             fmt=fmt, **common)
+        run = build_run(cfg, tokenizer)  # this policy's tokenizer: env, format, checked buffer
+        player = run.player
+        tasks = player.tasks("test", e.num_tasks)
+        log(f"eval {name} (policy {i}/{len(policies)}): {player.count(tasks)} tasks x {e.attempts} attempts, "
+            f"T in {list(e.ts)}, mode {e.mode}")
+        result = evaluate_config(cfg, run, model, key, tasks, window=window)
+        if result.faults:
+            log(f"eval {name}: {result.faults} faults of {run.env.name} (exceptions, timeouts, bad returns); "
+                "their tasks and messages are in the log")
+        if player.replays_states:
+            result = _probe_and_inject(cfg, run, model, tasks, result, key, inject_turns, inject_prob, probe_noise,
+                                       window)
+        elif e.probe_states > 0 or (inject_turns and inject_prob > 0):
+            log(f"eval {name}: skipped the decision-accuracy probes and error injection: they replay a JAX "
+                f"env's oracle states, and {run.env.name} is a Python env (env.kind=python)")
         results[name] = result
     return results
 
 
+def _probe_and_inject(cfg: Config, run: Any, model: Any, tasks: Any, result: Any, key: Any,
+                      inject_turns: Sequence[int], inject_prob: float, probe_noise: float, window: int) -> Any:
+    """`result` with decision accuracy on a fixed probe set of noisy-oracle states (eval.probe_states)
+    and, when injection turns are given, success with errors injected (a JAX env's states replayed)."""
+    e, rcfg, env, fmt = cfg.eval, run.eval_rollout, run.env, run.fmt
+    if e.probe_states > 0:
+        probes = probe_set(env, fmt, tasks, num_states=e.probe_states, seed=cfg.seed, noise=probe_noise,
+                           num_turns=rcfg.max_turns, max_len=rcfg.max_len, reserve=rcfg.max_reply_tokens)
+        probe = probe_accuracy(model, env, probes, rcfg, key=cfg.seed + 1, fmt=fmt, num_resamples=max(e.bootstrap, 0))
+        result = dataclasses.replace(result, probe=probe)
+    if inject_turns and inject_prob > 0:
+        result = attach_injection(result, model, env, tasks, turns=list(inject_turns), prob=inject_prob, key=key,
+                                  fmt=fmt, rollout_cfg=rcfg, window=window)
+    return result
+
+
 def run_eval(cfg: Config) -> dict:
     """Sweep command: evaluate the policy at cfg.model.path; report in <out_dir>/eval, summary.json."""
-    from bmrl import build as pol
-    from bmrl.config import ConfigError, save
-    from bmrl.eval.report import write_report
-
     if not cfg.model.path:
         raise ConfigError("model.path", "eval needs the directory of a saved policy (e.g. <sft out_dir>/policy).")
-    results = evaluate_policies(cfg, {"policy": pol.load_policy(cfg.model.path)})
-    os.makedirs(cfg.out_dir, exist_ok=True)
-    save(cfg, os.path.join(cfg.out_dir, "config.yaml"))
+    rundir = RunDir(cfg.out_dir)
+    finished = rundir.claim(cfg, "eval")  # not writable / other settings: refused (exit 2) before any work
+    if finished is not None:
+        return finished
+    results = evaluate_policies(cfg, {"policy": load_policy(cfg.model.path)})
+    rundir.write_config(cfg)
     _, summary = write_report(os.path.join(cfg.out_dir, "eval"), results, title="bmrl eval",
                               settings={"policy": cfg.model.path, "env": cfg.env.name})
-    with open(os.path.join(cfg.out_dir, "summary.json"), "w") as f:
-        json.dump(summary["policy"], f, indent=2, default=float)
+    rundir.write_json("summary.json", summary["policy"], default=float)
     return summary["policy"]

@@ -43,13 +43,15 @@ import numpy as np
 from flax import struct
 
 from bmrl.envs.base import INVALID, Env
+from bmrl.envs.text import encode
 from bmrl import compiles
 from bmrl.formats import Format
 from bmrl.rollout.engine import make_episode
 from bmrl.rollout.policies import NoisyOracleData, Replay, ReplayPolicy
 from bmrl.rollout.types import Injection, RolloutConfig, Trajectory, row_keys
 
-__all__ = ["Demos", "demo_tokens_needed", "longest_reply", "make_demos", "reply_table"]
+__all__ = ["Demos", "check_demo_args", "demo_tokens_needed", "lay_out", "longest_reply", "make_demos", "reply_table",
+           "turn_records"]
 
 RECOVERY_STREAM = 0x5EC0  # fold_in tag of a row's key for its "goes on after a mistake" draw
 
@@ -98,8 +100,6 @@ def longest_reply(env: Any, fmt: Format, max_reply_tokens: int) -> int:
     if hasattr(env, "actions"):
         return int(reply_table(env, fmt)[1].max())
     if strings:
-        from bmrl.envs.text import encode
-
         return max(len(fmt.reply_tokens(encode(env.tokenizer, a))) for a in strings)
     return max_reply_tokens - 1
 
@@ -136,22 +136,10 @@ def make_demos(
     but goes on (the noisy oracle takes the oracle's repair from the state the mistake left, with
     probability 1 - noise): the fraction of demonstrations that show a recovery.
 
-    `env` may be a Python env (`bmrl.rollout.pyenv.PythonEnv`, `tasks` a list of B task dicts): the
-    host loop plays the noisy oracle on its `info["next_oracle_action"]` (`bmrl.learn.host_demos`,
-    same rules and layout; `max_reply_tokens` ends a demo before a reply a policy could not give).
+    A Python env's demonstrations: `bmrl.learn.host_demos.make_host_demos` (same rules and layout; the
+    run's player picks the one of its env).
     """
-    from bmrl.rollout.pyenv import PythonEnv
-
-    _check_demo_args(noise, recovery, num_turns)
-    if isinstance(env, PythonEnv):
-        from bmrl.learn.host_demos import make_host_demos
-
-        if actions is not None:
-            raise ValueError("replayed actions need a JAX env (their ids index its actions); a Python env's demos "
-                             "are played by its noisy oracle.")
-        return make_host_demos(env, fmt, tasks, key, num_turns=num_turns, max_len=max_len, noise=noise,
-                               cut_after_error=cut_after_error, recovery=recovery, caps=caps,
-                               max_reply_tokens=max_reply_tokens)
+    check_demo_args(noise, recovery, num_turns)
     first = demo_tokens_needed(env, fmt, 1)
     if max_len < first:
         raise ValueError(
@@ -174,7 +162,7 @@ def make_demos(
     return fn(tasks, key, caps, jnp.float32(noise), actions, jnp.float32(recovery))
 
 
-def _check_demo_args(noise: float, recovery: float, num_turns: int) -> None:
+def check_demo_args(noise: float, recovery: float, num_turns: int) -> None:
     if not 0.0 <= float(noise) <= 1.0:
         raise ValueError(f"noise must be a probability in [0, 1], got {noise}.")
     if not 0.0 <= float(recovery) <= 1.0:
@@ -198,10 +186,10 @@ def _demo_fn(env: Env, fmt: Format, num_turns: int, max_len: int, cut_after_erro
         traj = episode(params, tasks, caps, keys, Injection.none(num_turns))
         goes_on = goes_on_after_error(keys, recovery)
         cut_rows = jnp.logical_and(cut_after_error, ~goes_on)  # bool[B]
-        rec = _demo_turns(traj, cut_rows)
+        rec = turn_records(traj, cut_rows)
         table, lens = (jnp.asarray(x) for x in reply_table(env, fmt))  # [A, reply width], [A]
         act = jnp.clip(rec["action"], 0, env.num_actions - 1)
-        return _layout(fmt, {**rec, "reply": table[act], "reply_len": lens[act]}, caps, max_len)
+        return lay_out(fmt, {**rec, "reply": table[act], "reply_len": lens[act]}, caps, max_len)
 
     return compiles.counted_jit(run, name="demos")
 
@@ -211,7 +199,7 @@ def goes_on_after_error(keys: jax.Array, recovery) -> jax.Array:
     return jax.vmap(lambda k: jax.random.bernoulli(jax.random.fold_in(k, RECOVERY_STREAM), recovery))(keys)
 
 
-def _demo_turns(traj: Trajectory, cut_rows: jax.Array, wrong: jax.Array | None = None) -> dict:
+def turn_records(traj: Trajectory, cut_rows: jax.Array, wrong: jax.Array | None = None) -> dict:
     """Per-turn records of the played episodes (`traj.observations` recorded); rows with `cut_rows`
     (bool[B]) end at the demonstrator's first own wrong action (that action included). `wrong`
     (bool[B, Tm]): the demonstrator's deviations, default action != oracle_action."""
@@ -230,7 +218,7 @@ def _demo_turns(traj: Trajectory, cut_rows: jax.Array, wrong: jax.Array | None =
     )
 
 
-def _layout(fmt: Format, rec: dict, caps: jax.Array, max_len: int) -> Demos:
+def lay_out(fmt: Format, rec: dict, caps: jax.Array, max_len: int) -> Demos:
     """Scatter the played turns into [B, max_len] token rows (one scatter per array).
 
     Turn t contributes the segments (reply_close if t > 0), obs_open, OBS_t, obs_close, ACT_t, STOP,

@@ -1,7 +1,7 @@
 """Demonstrations of Python environments: the noisy oracle played by the host loop, laid out as
 `bmrl.learn.demos` lays out a JAX env's.
 
-    demos = make_demos(python_env, fmt, tasks, key, num_turns=8, max_len=512, noise=0.25)   # dispatches here
+    demos = make_host_demos(python_env, fmt, tasks, key, num_turns=8, max_len=512, noise=0.25)
 
 The demonstrator is `bmrl.rollout.scripts.NoisyOracleScript` on the env's `info["next_oracle_action"]`,
 played by `bmrl.rollout.host.host_rollout` without a model (the same loop, keys and resets as a
@@ -9,7 +9,7 @@ model's rollout); each turn's reply is `Format.reply_tokens` of the action text'
 stop id. The rules are `make_demos`': the same per-row keys (environment, script and the
 RECOVERY_STREAM draw of the rows that go on after a mistake), cut after the demonstrator's first own
 wrong action except in those rows, end at success, termination, the row's cap, a turn that does not
-fit `max_len`; the same `Demos` layout (`_layout`). So a JAX env wrapped as a Python one
+fit `max_len`; the same `Demos` layout (`lay_out`). So a JAX env wrapped as a Python one
 (`bmrl.envs.python.jax_env`) gives the compiled path's demos token for token, and teacher-forcing a
 demo's replies through the host rollout reproduces its tokens (tests/test_host_demos.py).
 
@@ -31,7 +31,7 @@ from bmrl import compiles
 from bmrl.envs.python.protocol import action_index
 from bmrl.envs.text import INVALID, encode
 from bmrl.formats import Format
-from bmrl.learn.demos import Demos, _demo_turns, _layout, goes_on_after_error
+from bmrl.learn.demos import Demos, check_demo_args, goes_on_after_error, lay_out, turn_records
 from bmrl.rollout.scripts import NoisyOracleScript
 from bmrl.rollout.types import RolloutConfig, row_keys
 
@@ -67,6 +67,7 @@ def make_host_demos(
     max_reply_tokens: int | None = None,
 ) -> Demos:
     """`make_demos` for a `bmrl.rollout.pyenv.PythonEnv` (`tasks`: B task dicts; module docstring)."""
+    check_demo_args(noise, recovery, num_turns)
     tasks = list(tasks)
     batch = len(tasks)
     caps = np.full((batch,), num_turns, np.int32) if caps is None else np.clip(np.asarray(caps, np.int32), 1, num_turns)
@@ -96,8 +97,8 @@ def _layout_fn(fmt: Format, max_len: int):
 
     def run(traj, wrong, keys, caps, recovery, cut_after_error, reply, reply_len):
         cut_rows = cut_after_error & ~goes_on_after_error(keys, recovery)
-        rec = _demo_turns(traj, cut_rows, wrong)
-        return _layout(fmt, {**rec, "reply": reply, "reply_len": reply_len}, caps, max_len)
+        rec = turn_records(traj, cut_rows, wrong)
+        return lay_out(fmt, {**rec, "reply": reply, "reply_len": reply_len}, caps, max_len)
 
     return compiles.counted_jit(run, name="host_demos")
 

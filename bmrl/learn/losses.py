@@ -27,6 +27,9 @@ Array = jax.Array
 LossFn = Callable[..., tuple[Array, dict[str, Array]]]
 
 
+AGGREGATIONS = ("token_mean", "seq_mean")  # how per-token losses are reduced (aggregate); config validation reads it
+
+
 def aggregate(values: Array, mask: Array, how: str = "token_mean") -> Array:
     """Reduce per-token `values` [B, L] over the tokens where `mask` [B, L] is 1.
 

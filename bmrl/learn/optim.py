@@ -26,6 +26,9 @@ import optax
 Array = jax.Array
 
 
+SCHEDULES = ("cosine", "constant")  # learning-rate schedules by name (make_schedule); config validation reads it
+
+
 def make_schedule(
     lr: float,
     warmup_steps: int = 0,
@@ -46,8 +49,8 @@ def make_schedule(
         raise ValueError(f"warmup_steps must be >= 0, got {warmup_steps}.")
     if not 0.0 <= min_lr_ratio <= 1.0:
         raise ValueError(f"min_lr_ratio must be in [0, 1], got {min_lr_ratio}.")
-    if schedule not in ("cosine", "constant"):
-        raise ValueError(f"unknown schedule {schedule!r}; valid: 'cosine', 'constant'.")
+    if schedule not in SCHEDULES:
+        raise ValueError(f"unknown schedule {schedule!r}; valid: {', '.join(map(repr, SCHEDULES))}.")
     if schedule == "cosine" and total_steps <= warmup_steps:
         raise ValueError(
             f"a cosine schedule needs total_steps > warmup_steps, got total_steps={total_steps}, "

@@ -36,6 +36,7 @@ from bmrl.learn.logprobs import chunked_token_logprobs, token_logprobs_and_entro
 from bmrl.learn.losses import get_loss
 from bmrl.compiles import counted_jit
 from bmrl.learn.optim import SkipNonFiniteState, all_finite, skip_counts
+from bmrl.parallel import constrain_batch, replicated
 from bmrl.rollout import Trajectory
 
 # Above this vocabulary size the log-probs are computed from hidden states a chunk of positions at
@@ -60,7 +61,7 @@ def policy_token_logprobs(
     t = 1.0 if temperature == 0 else float(temperature)
     model = nnx.merge(graphdef, params)
     if remat:
-        from bmrl.memory import remat_layers
+        from bmrl.memory import remat_layers  # memory (model-family side) reads the config: not imported by learn
 
         remat_layers(model)
     mask = sequence_mask(length, tokens.shape[1])
@@ -75,7 +76,8 @@ def policy_token_logprobs(
 def compute_advantages(traj: Trajectory, cfg: Any) -> jax.Array:
     """Token advantages [B, L]: the outcome estimator `cfg.advantage` over groups of `cfg.group_size`
     contiguous rows, plus `cfg.process_coef` x progress-delta process advantages (discount `cfg.gamma`)."""
-    seq_adv = get_advantage(cfg.advantage)(traj.outcome_reward, cfg.group_size)
+    options = dict(getattr(cfg, "advantage_options", None) or {})  # train.advantage_options
+    seq_adv = get_advantage(cfg.advantage)(traj.outcome_reward, cfg.group_size, **options)
     adv = token_advantages(seq_adv, traj.loss_mask)
     if cfg.process_coef:
         proc = process_advantages(
@@ -99,9 +101,8 @@ def make_update(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformationE
     Compiled as the program "train_step" of `bmrl.compiles`; `update.trace_count()` counts its traces.
     """
     loss_fn = get_loss(cfg.loss)
-    loss_opts = dict(kl_coef=cfg.kl_coef, entropy_coef=cfg.entropy_coef, aggregation=cfg.aggregation)
-    if cfg.loss == "ppo":
-        loss_opts["clip_eps"] = cfg.clip_eps
+    loss_opts = dict(kl_coef=cfg.kl_coef, entropy_coef=cfg.entropy_coef, aggregation=cfg.aggregation,
+                     clip_eps=cfg.clip_eps, **dict(getattr(cfg, "loss_options", None) or {}))  # a loss takes what it uses
     epochs, minibatches = int(cfg.epochs), int(cfg.minibatches)
     micro, remat = int(getattr(cfg, "microbatches", 1) or 1), bool(getattr(cfg, "remat", False))
     mesh = None if shardings is None else jax.tree.leaves(shardings[0])[0].mesh
@@ -115,8 +116,6 @@ def make_update(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformationE
             raise ValueError(f"train.microbatches={micro} does not divide the minibatch of {mb} rows "
                              f"(batch {batch} / train.minibatches {minibatches}); pick a divisor of {mb}.")
         if mesh is not None:
-            from bmrl.parallel import constrain_batch
-
             traj = constrain_batch(traj, mesh)
             if ref_params is not None:
                 ref_params = jax.lax.with_sharding_constraint(ref_params, shardings[0])
@@ -180,8 +179,6 @@ def make_update(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformationE
 
     pinned = {}
     if shardings is not None:
-        from bmrl.parallel import replicated
-
         pinned = dict(in_shardings=(shardings[0], shardings[1], None, None, None),
                       out_shardings=(shardings[0], shardings[1], replicated(mesh)))
     return counted_jit(update, name="train_step", donate_argnums=(0, 1) if donate else (), **pinned)

@@ -1,0 +1,43 @@
+"""From a `Config` to the objects a run needs, each library type built from its section, once.
+
+    run = build_run(cfg)                       # tokenizer, env, format, budget, rollout configs, mesh and the
+                                               # player: built once, every runtime fact checked, nothing written
+    policy, tokenizer = init_policy(cfg)       # a fresh tiny decoder, or load_policy(cfg.model.path)
+    tasks = run.player.tasks("test", cfg.eval.num_tasks)
+
+Split by concern: `policy` (tokenizer, tiny decoder, saved policies), `env` (the env, its format,
+rollout configs, mesh; a Python env's task file), `tasks` (train / validation / test splits and their
+summary), `players` (a JAX env's and a Python env's player behind one protocol) and `run` (the `Run`
+bundle). Every problem a user can fix in the config is a `ConfigError` naming the key (exit status 2
+in the CLI).
+"""
+
+from __future__ import annotations
+
+from bmrl.build.env import (
+    SIZE_KEYS,
+    env_label,
+    env_line,
+    host_config,
+    make_env,
+    mesh_config,
+    python_parts,
+    python_sizes,
+    python_splits,
+    rollout_config,
+    run_format,
+)
+from bmrl.build.players import HostPlayer, JaxPlayer
+from bmrl.build.policy import build_tokenizer, init_policy, load_policy, model_config, new_policy
+from bmrl.build.run import Run, build_reproduce_run, build_run, make_player
+from bmrl.build.tasks import data_dir, eval_split, run_splits, split_tasks, suite_line, suite_sizes, suite_summary
+from bmrl.build.checks import check_demos, check_fits, fitting_cap
+from bmrl.config import make_budget  # noqa: F401 - re-exported: the budget of a run's section
+
+__all__ = [
+    "HostPlayer", "JaxPlayer", "Run", "SIZE_KEYS", "build_reproduce_run", "build_run", "build_tokenizer", "check_demos",
+    "check_fits", "data_dir", "fitting_cap",
+    "env_label", "env_line", "eval_split", "host_config", "init_policy", "load_policy", "make_env", "make_player", "mesh_config",
+    "model_config", "new_policy", "python_parts", "python_sizes", "python_splits", "rollout_config", "run_format",
+    "run_splits", "split_tasks", "suite_line", "suite_sizes", "suite_summary",
+]

@@ -1,0 +1,126 @@
+"""Runtime facts of a run, checked once its env and format are built (`bmrl.build.build_run`), before
+anything is written: the context buffer against every cap, the reply limit against the longest action,
+a Python env's oracle for SFT demonstrations. Static checks of the config are `bmrl.config.validate`.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+from bmrl.budget import cap_range
+from bmrl.build.env import is_host
+from bmrl.config import Config, ConfigError
+from bmrl.learn.demos import demo_tokens_needed
+from bmrl.rollout.scripts import NEXT_ORACLE
+
+
+def fitting_cap(cfg: Config, env, fmt, cap: int) -> int:
+    """The largest cap <= `cap` whose worst-case conversation fits `rollout.max_len` (0 if none)."""
+    r = cfg.rollout
+    while cap > 0 and fmt.tokens_needed(cap, env.max_obs_len, r.max_reply_tokens) > r.max_len:
+        cap -= 1
+    return cap
+
+
+def _check_reply(cfg: Config, env, fmt) -> None:
+    """Refuse a `rollout.max_reply_tokens` that cannot hold the longest action (a Python env without
+    action strings: one token) in the run's reply format (think_answer: inside its answer tags) plus
+    the stop token."""
+    longest = max(env.max_action_len, 1)
+    need = getattr(fmt, "min_reply_tokens", lambda n: n + 1)(longest)
+    have = cfg.rollout.max_reply_tokens
+    if have >= need:
+        return
+    what = f"the longest action{' string' if is_host(cfg) else ''} of {env.name} ({longest} tokens)"
+    if not env.max_action_len:
+        what = f"a one-token action of {env.name} (it lists no action strings)"
+    layout, fix = "plus the stop token", f"set it >= {need}"
+    if getattr(fmt, "reply_format", "action") != "action":
+        tags = len(fmt.answer_open) + len(fmt.answer_close)
+        layout = f"inside the {fmt.reply_format} answer tags ({tags} tokens) plus the stop token"
+        fix += " plus room for the reasoning, or set format.kind=action"
+    raise ConfigError("rollout.max_reply_tokens", f"{have} cannot hold {what} {layout}; {fix}.")
+
+
+def _check_fits_python(cfg: Config, env, fmt) -> list[str]:
+    """A Python env's observations are known only as it runs: the buffer must hold the prompt, the
+    longest first observation of the tasks and one reply; longer episodes stop as overflow."""
+    r = cfg.rollout
+    _check_reply(cfg, env, fmt)
+    need = fmt.tokens_needed(1, env.max_obs_len, r.max_reply_tokens)
+    if need > r.max_len:
+        raise ConfigError("rollout.max_len", f"{r.max_len} cannot hold one turn of {env.name}: the prompt and the "
+                          f"longest first observation of the tasks ({env.max_obs_len} tokens) and a reply need "
+                          f"{need} tokens; raise rollout.max_len to >= {need}.")
+    return []
+
+
+def check_demos(cfg: Config, env) -> None:
+    """Refuse a Python env whose oracle cannot be played before acting (`bmrl sft`, `bmrl reproduce`):
+    reset's info must name `next_oracle_action` (a str) on the first train task, and a noisy oracle
+    (sft.noise > 0) draws its wrong actions from the env's `action_strings`. A JAX env always can."""
+    if not is_host(cfg):
+        return
+    entry = cfg.env.entry
+    try:
+        info = env.factory().reset(seed=0, options=env.split("train")[0])[1]
+    except Exception as err:  # noqa: BLE001 - user code
+        raise ConfigError("env.entry", f"{entry}: reset of the first train task failed ({type(err).__name__}: "
+                          f"{err}); fix the environment or the task file.") from None
+    if not isinstance(info, dict) or not isinstance(info.get(NEXT_ORACLE), str):
+        raise ConfigError("env.entry", f"{entry} gives no info[{NEXT_ORACLE!r}] (a str) from reset: SFT "
+                          "demonstrations play the env's oracle before each action, so reset's and step's info must "
+                          f"name {NEXT_ORACLE!r}, the best action in the state the observation describes "
+                          "(bmrl/envs/python/protocol.py); add it, or skip SFT and `bmrl train` from a policy of "
+                          "your own (model.path).")
+    if cfg.sft.noise > 0 and not env.action_strings:
+        raise ConfigError("sft.noise", f"{cfg.sft.noise} needs the env's action_strings (the noisy oracle draws its "
+                          f"wrong actions from them) and {entry} lists none; set sft.noise=0, or give the env a "
+                          "finite action_strings list.")
+
+
+def check_fits(cfg: Config, env, fmt, budget) -> list[str]:
+    """Check the context buffer against the caps of `budget` and eval.ts; returns (and warns) the
+    non-fatal problems.
+
+    Refuses (`ConfigError`) a reply limit below the longest action in the run's reply format
+    (`format.kind`; think_answer: inside the answer tags) plus its stop token, and a
+    `rollout.max_len` that cannot hold even the smallest cap (of the budget and of eval.ts) in the
+    worst case, every reply at its token limit: the rollout refuses such a batch. Warns, with the
+    numbers, when the largest cap or a full SFT demonstration may not fit: such sequences stop
+    early and are flagged as overflow (the worst case is rare: real replies are short).
+    """
+    if is_host(cfg):
+        return _check_fits_python(cfg, env, fmt)
+    r = cfg.rollout
+    _check_reply(cfg, env, fmt)
+    smallest = min(cap_range(budget)[0], min(cfg.eval.ts))
+    need = fmt.tokens_needed(smallest, env.max_obs_len, r.max_reply_tokens)
+    if need > r.max_len:
+        raise ConfigError(
+            "rollout.max_len",
+            f"{r.max_len} cannot hold even the smallest cap: {smallest} turn(s) of {env.name} need up to {need} "
+            f"tokens (prompt {fmt.first_chunk_len(env.max_obs_len)}, {r.max_reply_tokens} per reply, "
+            f"{fmt.turn_chunk_len(env.max_obs_len) - 1} per observation); raise rollout.max_len to >= {need}.",
+        )
+    problems = []
+    largest = max(cap_range(budget)[1], max(cfg.eval.ts))
+    need = fmt.tokens_needed(largest, env.max_obs_len, r.max_reply_tokens)
+    if need > r.max_len:
+        problems.append(
+            f"rollout.max_len={r.max_len} may not hold the largest cap: {largest} turns of {env.name} need up "
+            f"to {need} tokens in the worst case ({fitting_cap(cfg, env, fmt, largest)} turns always fit); "
+            f"longer episodes stop early (overflow). Raise rollout.max_len to {need} to rule it out."
+        )
+    need = demo_tokens_needed(env, fmt, cfg.sft.demo_turns)
+    if need > r.max_len:
+        problems.append(
+            f"rollout.max_len={r.max_len} may not hold a {cfg.sft.demo_turns}-turn demonstration (up to {need} "
+            "tokens); longer demos end at the last turn that fits."
+        )
+    for p in problems:
+        warnings.warn(p, stacklevel=2)
+    return problems
+
+
+__all__ = ["check_demos", "check_fits", "fitting_cap"]

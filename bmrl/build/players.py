@@ -1,0 +1,115 @@
+"""The player: the one object of a run that knows whether its env is compiled JAX or Python on the host.
+
+    player = run.player                                   # chosen once, by `bmrl.build.build_run`
+    tasks = player.tasks("train")                         # a split's tasks (level seeds, or task dicts)
+    rows = player.take(tasks, idx)                        # the rows of a batch: tasks[idx]
+    play = player.playing(graphdef, rollout_cfg, mesh)    # compiled once
+    traj, faults = play(params, rows, caps, key)          # one batch of episodes; faults: None (JAX) or a list
+    demos = player.demos(rows, key, num_turns=..., ...)   # SFT demonstrations (the noisy oracle)
+
+`JaxPlayer` plays a built-in env in one compiled loop (`bmrl.rollout.engine`); `HostPlayer` plays a
+Python env from the host on the same compiled turn (`bmrl.rollout.pyenv`). Train, SFT, evaluation,
+compare and reproduce use this protocol and never ask which kind they have; the evaluator gets
+`player.env` (and a player's tasks), whose runner it picks itself.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from bmrl.build.tasks import split_tasks
+from bmrl.learn.demos import Demos, demo_tokens_needed, make_demos
+from bmrl.learn.host_demos import make_host_demos
+from bmrl.parallel import shard_batch
+from bmrl.rollout import Injection, make_rollout
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class JaxPlayer:
+    """A built-in JAX env: tasks are level seeds (`{"seed": int32[n]}`), episodes one compiled loop."""
+
+    cfg: Any  # bmrl.config.Config: where its level splits come from (bmrl.build.tasks.split_tasks)
+    env: Any  # bmrl.envs.Env
+    fmt: Any  # bmrl.formats.Format
+    label: str  # the env as logs and reports name it
+    options: dict  # the env's options, as summaries record them
+    replays_states: bool = True  # probes and error injection can replay its oracle states
+
+    def tasks(self, split: str, n: int | None = None) -> dict:
+        """The first `n` (default all) tasks of `split`: `{"seed": int32[n]}`."""
+        return {"seed": np.asarray(split_tasks(self.cfg, split, n, run=self)["seed"])}
+
+    def count(self, tasks: dict) -> int:
+        return len(tasks["seed"])
+
+    def take(self, tasks: dict, idx: Any) -> dict:
+        """Rows `tasks[idx]` (any int array of indices)."""
+        return {"seed": np.asarray(np.asarray(tasks["seed"])[np.asarray(idx)], np.int32)}
+
+    def playing(self, graphdef: nnx.GraphDef, rollout_cfg: Any, mesh: Any = None) -> Callable:
+        """`play(params, rows, caps, key) -> (Trajectory, None)`: the compiled rollout, rows sharded on `mesh`."""
+        rollout_fn = make_rollout(graphdef, self.env, self.fmt, rollout_cfg)
+        inject = Injection.none(rollout_cfg.max_turns)
+
+        def play(params, rows: dict, caps: Any, key: Any):
+            tasks = shard_batch(jax.tree.map(jnp.asarray, rows), mesh)
+            return rollout_fn(params, tasks, caps, key, inject), None
+
+        return play
+
+    def demo_len(self, num_turns: int, max_len: int) -> int:
+        """Tokens a demonstration of `num_turns` turns needs at most (within `max_len`)."""
+        return min(max_len, demo_tokens_needed(self.env, self.fmt, num_turns))
+
+    def demos(self, rows: dict, key: Any, **kw: Any) -> Demos:
+        """The noisy oracle's demonstrations of `rows` (`bmrl.learn.demos.make_demos`, one jit)."""
+        return make_demos(self.env, self.fmt, jax.tree.map(jnp.asarray, rows), key, **kw)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class HostPlayer:
+    """A Python env (`bmrl.rollout.pyenv.PythonEnv`): tasks are lists of task dicts, episodes stepped
+    from the host on the compiled turn; faults of user code come back with the trajectory."""
+
+    env: Any  # bmrl.rollout.pyenv.PythonEnv
+    fmt: Any
+    label: str  # env.entry: how logs and reports name the env
+    options: dict  # env.options
+    replays_states: bool = False  # its states live in user code: no probes, no injection
+
+    def tasks(self, split: str, n: int | None = None) -> list[dict]:
+        """The first `n` (default all) task dicts of `split`."""
+        return self.env.split(split, n)
+
+    def count(self, tasks: list) -> int:
+        return len(tasks)
+
+    def take(self, tasks: list, idx: Any) -> list[dict]:
+        return [tasks[int(i)] for i in np.asarray(idx)]
+
+    def playing(self, graphdef: nnx.GraphDef, rollout_cfg: Any, mesh: Any = None) -> Callable:
+        """`play(params, rows, caps, key) -> (Trajectory, faults)`: the host loop (`PythonEnv.play`)."""
+
+        def play(params, rows: list, caps: Any, key: Any):
+            out = self.env.play(nnx.merge(graphdef, params), self.fmt, rollout_cfg, rows,
+                                np.asarray(jax.device_get(caps)), key)
+            return out.trajectory, out.faults
+
+        return play
+
+    def demo_len(self, num_turns: int, max_len: int) -> int:
+        return max_len  # later observations are known only as the env runs
+
+    def demos(self, rows: list, key: Any, **kw: Any) -> Demos:
+        """The noisy oracle played from the host on `info["next_oracle_action"]` (`bmrl.learn.host_demos`)."""
+        return make_host_demos(self.env, self.fmt, rows, key, **kw)
+
+
+__all__ = ["HostPlayer", "JaxPlayer"]

@@ -1,0 +1,143 @@
+"""The policy side of a run: its tokenizer (a Hugging Face directory's, or a tiny BPE trained on the
+environment's text), a fresh tiny decoder, or a saved policy.
+
+    tokenizer = build_tokenizer(cfg)            # or the one a loaded policy brings
+    policy = new_policy(cfg, tokenizer)         # or: policy, tokenizer = load_policy(cfg.model.path)
+    policy, tokenizer = init_policy(cfg)        # whichever the config names (model.path or a tiny one)
+
+Every problem a user can fix in the config is a `ConfigError` naming the key.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from bmrl.build.env import is_host, python_parts
+from bmrl.config import Config, ConfigError
+from bmrl.envs import corpus
+from bmrl.formats import add_tag_tokens
+from bmrl.model.config import ConfigError as ModelConfigError
+from bmrl.model.config import ModelConfig
+from bmrl.model.decoder import init_model
+from bmrl.model.hf import TOKENIZER_FILES, CheckpointError, from_pretrained, load_config
+from bmrl.model.tokenizer import load_tokenizer, train_tiny_tokenizer
+from bmrl.rollout.pyenv import DEFAULT_INSTRUCTIONS
+
+
+def build_tokenizer(cfg: Config, parts: tuple | None = None):
+    """The run's tokenizer: the HF directory's when `model.path` is set, else a tiny byte-level BPE
+    trained on the environment's own text with `model.vocab_size` entries: a JAX env's fragments
+    (`bmrl.envs.corpus`); a Python env's instructions, first observations over the tasks (the first
+    `CORPUS_TASKS`, reset seed = task index) and action strings.
+
+    With `format.kind=think_answer` the tiny tokenizer also gets the think/answer tags as special
+    tokens (`bmrl.formats.add_tag_tokens`): short replies, and tags that never merge with the text.
+    Deterministic: the same env (and tasks), vocab size and format kind always give the same vocabulary.
+    `parts`: a Python env's `python_parts(cfg)` when the caller has them already (read once per run).
+    """
+    if cfg.model.path is not None:
+        return _hf_tokenizer(cfg.model.path)
+    tokenizer = _tiny_tokenizer(cfg, parts)
+    if cfg.format.kind == "think_answer":
+        add_tag_tokens(tokenizer)
+    return tokenizer
+
+
+def _tiny_tokenizer(cfg: Config, parts: tuple | None):
+    if is_host(cfg):
+        factory, _, observations = parts or python_parts(cfg)
+        probe = factory()
+        texts = [str(getattr(probe, "instructions", None) or DEFAULT_INSTRUCTIONS), *observations,
+                 *(str(a) for a in (getattr(probe, "action_strings", None) or ()))]
+    else:
+        try:
+            texts = corpus([cfg.env.name], observations=False)
+        except ValueError as err:
+            raise ConfigError("env.name", str(err)) from None
+    try:
+        return train_tiny_tokenizer(texts, vocab_size=cfg.model.vocab_size)
+    except ValueError as err:
+        raise ConfigError("model.vocab_size", str(err)) from None
+
+
+def model_config(cfg: Config, tokenizer):
+    """The `ModelConfig` of a tiny policy from the `model` section (vocab at least the tokenizer's)."""
+    m = cfg.model
+    try:
+        return ModelConfig(
+            model_type=m.model_type,
+            vocab_size=max(m.vocab_size, len(tokenizer)),
+            hidden_size=m.hidden_size,
+            intermediate_size=m.intermediate_size,
+            num_hidden_layers=m.num_hidden_layers,
+            num_attention_heads=m.num_attention_heads,
+            num_key_value_heads=m.num_key_value_heads,
+            rope_theta=m.rope_theta,
+            max_position_embeddings=max(2048, cfg.rollout.max_len),
+            param_dtype=m.param_dtype,
+            dtype=m.dtype,
+        )
+    except ModelConfigError as err:
+        raise ConfigError("model", str(err)) from None
+
+
+def new_policy(cfg: Config, tokenizer):
+    """A freshly initialised tiny `Decoder` from the `model` section, seeded by `cfg.seed`."""
+    return init_model(model_config(cfg, tokenizer), cfg.seed)
+
+
+def init_policy(cfg: Config, tokenizer=None) -> tuple[Any, Any]:
+    """(policy, tokenizer): from `cfg.model.path` (a Hugging Face directory, e.g. an SFT output), or
+    a fresh tiny decoder (seed `cfg.seed`) with `tokenizer` (default: the tiny one, `build_tokenizer`)."""
+    if cfg.model.path:
+        return load_policy(cfg.model.path)
+    tok = build_tokenizer(cfg) if tokenizer is None else tokenizer
+    return new_policy(cfg, tok), tok
+
+
+def load_policy(path: str | os.PathLike):
+    """`(model, tokenizer)` from a local Hugging Face directory (`bmrl.model.from_pretrained`).
+
+    A missing directory or one without tokenizer files fails with a message saying what to pass.
+    """
+    _check_dir(path)
+    try:
+        model, tokenizer = from_pretrained(path)
+    except CheckpointError as err:
+        raise ConfigError("model.path", f"{err} Fix the directory or point model.path elsewhere.") from None
+    if tokenizer is None:
+        raise ConfigError(
+            "model.path", f"{str(path)!r} holds no tokenizer files (tokenizer.json ...); a policy needs its "
+            "tokenizer: save it with bmrl.model.save_pretrained(model, tokenizer, path)."
+        )
+    return model, tokenizer
+
+
+def _check_dir(path) -> None:
+    if not os.path.isdir(path):
+        raise ConfigError(
+            "model.path", f"{str(path)!r} is not a directory; pass a local Hugging Face model directory "
+            "(config.json + *.safetensors + tokenizer files), e.g. <out_dir>/policy written by `bmrl sft`."
+        )
+
+
+def _hf_tokenizer(path):
+    """The tokenizer of HF directory `path`, once its config.json has loaded (weights are not read)."""
+    _check_dir(path)
+    try:
+        load_config(path)
+    except CheckpointError as err:
+        raise ConfigError("model.path", f"{err} Fix the directory or point model.path elsewhere.") from None
+    if not any(os.path.isfile(os.path.join(path, name)) for name in TOKENIZER_FILES):
+        raise ConfigError(
+            "model.path", f"{str(path)!r} holds no tokenizer files (tokenizer.json ...); a policy needs its "
+            "tokenizer: save it with bmrl.model.save_pretrained(model, tokenizer, path)."
+        )
+    try:
+        return load_tokenizer(path)
+    except Exception as err:  # transformers raises many kinds; name the directory
+        raise ConfigError("model.path", f"the tokenizer in {str(path)!r} could not be loaded: {err}") from None
+
+
+__all__ = ["build_tokenizer", "init_policy", "load_policy", "model_config", "new_policy"]
