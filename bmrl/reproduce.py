@@ -149,7 +149,7 @@ def reproduce(cfg: Config, *, log: Callable[[str], Any] = print, stages=None) ->
         stage_times[key] = time.time() - t if stages.index - stages.skipped > before else old_times.get(key)
 
     for seed, (sft_cfg, rl_cfgs, eval_cfg) in plan:
-        timed(f"seed{seed}/sft", run_stage, stages, f"seed {seed} - SFT", "sft", partial(run_sft, log=stages.note), sft_cfg)
+        timed(f"seed{seed}/sft", run_stage, stages, f"seed {seed} - SFT", "sft", partial(run_sft, log=stages.note, on_step=stages.advance), sft_cfg)
         dirs = {BASE: os.path.join(sft_cfg.out_dir, "policy")}
         for name, rl_cfg in rl_cfgs.items():
             timed(f"seed{seed}/{name}", run_stage, stages, f"seed {seed} - RL {name}", "rl",

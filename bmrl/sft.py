@@ -101,9 +101,10 @@ def _demo_source(cfg: Config, run: Run, train: Any, key: jax.Array, demo_len: in
     return demos_at
 
 
-def _fit(cfg: Config, run: Run, params, demos_at: Callable, out_dir: str, log: Callable) -> tuple[Any, list, dict]:
-    """`sft.steps` optimizer steps on fresh demonstrations; metrics to sft_metrics.jsonl at log steps.
-    Returns (params, losses, the last logged row)."""
+def _fit(cfg: Config, run: Run, params, demos_at: Callable, out_dir: str, log: Callable,
+         on_step: Callable[[int, int], Any] | None = None) -> tuple[Any, list, dict]:
+    """`sft.steps` optimizer steps on fresh demonstrations; metrics to sft_metrics.jsonl at log steps, where
+    `on_step(steps done, steps)` hears the progress too. Returns (params, losses, the last logged row)."""
     s = cfg.sft
     tx = optimizer_from_config(s.optim, s.steps)
     graphdef, params = nnx.split(params)
@@ -130,6 +131,8 @@ def _fit(cfg: Config, run: Run, params, demos_at: Callable, out_dir: str, log: C
                     losses.append(row["loss"])
                     logger.write(i, row)
                 pending.clear()
+                if on_step is not None:
+                    on_step(step + 1, s.steps)
                 log(f"sft step {step:5d}  loss {last['loss']:.4f}  token acc {last['token_acc']:.3f}  ({elapsed:.1f}s)")
     finally:
         logger.close()
@@ -137,9 +140,11 @@ def _fit(cfg: Config, run: Run, params, demos_at: Callable, out_dir: str, log: C
     return nnx.merge(graphdef, params), losses, last
 
 
-def run_sft(cfg: Config, *, log: Callable[[str], Any] = print, return_model: bool = False, run=None) -> dict | tuple[dict, Any]:
+def run_sft(cfg: Config, *, log: Callable[[str], Any] = print, return_model: bool = False, run=None,
+            on_step: Callable[[int, int], Any] | None = None) -> dict | tuple[dict, Any]:
     """Train the SFT base policy of `cfg`; write it and its summary under `cfg.out_dir`; return the summary
-    (and the trained `Decoder` with `return_model=True`, for callers that go on in-process).
+    (and the trained `Decoder` with `return_model=True`, for callers that go on in-process). `on_step(n,
+    steps)` hears the training progress at each log step (`bmrl reproduce`'s stage ETA).
 
     Every config problem is raised (as `ConfigError`) before anything is written.
     """
@@ -168,7 +173,7 @@ def run_sft(cfg: Config, *, log: Callable[[str], Any] = print, return_model: boo
     log(f"sft: initial policy greedy success {before['success']:.3f} ({time.time() - t_eval:.1f}s)")
     t_train = time.time()
     model, losses, last = _fit(cfg, run, model, _demo_source(cfg, run, train, key, demo_len),
-                               cfg.out_dir, log)
+                               cfg.out_dir, log, on_step)
     train_time = time.time() - t_train
     result = evaluate_policy(model, run, cfg, test, cap, eval_key)
     policy_dir = Path(cfg.out_dir) / "policy"

@@ -88,9 +88,13 @@ class StageProgress:
         self.skipped += 1
         self._emit(f"skipped ({why})")
 
+    def advance(self, n: int, total: int) -> None:
+        """Record the stage's step progress without a line (its own log lines then carry the ETA)."""
+        self.progress = (int(n), int(total))
+
     def step(self, n: int, total: int) -> None:
         """Step progress of the stage under way (e.g. from `bmrl.metrics.Progress`'s `on_step`)."""
-        self.progress = (int(n), int(total))
+        self.advance(n, total)
         self._emit(f"step {n}/{total}", self.eta())
 
     def note(self, text: str) -> None:

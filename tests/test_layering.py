@@ -19,12 +19,11 @@ LAYERS = [
                                  "bmrl.budget"]),
     ("rollout", ["bmrl.rollout"]),
     ("learn", ["bmrl.learn"]),
-    ("eval", ["bmrl.eval"]),
+    ("eval", ["bmrl.eval", "bmrl.logs"]),
     ("config", ["bmrl.config", "bmrl.memory"]),
     ("build, run directory", ["bmrl.build", "bmrl.rundir", "bmrl.checkpoint"]),
     ("runs", ["bmrl.train", "bmrl.sft", "bmrl.eval.run", "bmrl.stages", "bmrl.sweep"]),
-    ("study", ["bmrl.reproduce", "bmrl.eval.findings", "bmrl.eval.verdicts", "bmrl.eval.study_report",
-               "bmrl.eval.figures", "bmrl.eval.saved"]),
+    ("study", ["bmrl.reproduce", "bmrl.study", "bmrl.eval.saved"]),
     ("commands", ["bmrl.commands", "bmrl.cli", "bmrl.__main__"]),
 ]
 

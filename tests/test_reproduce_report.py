@@ -110,6 +110,8 @@ def test_first_run_says_every_stage(tiny_run):
     for k in range(1, 5):  # the evaluation says which policy it is on
         assert any(f"(policy {k}/4)" in what for i, _, _, what in stage if i == "5")
     assert stage[0][3] == "started - eta ?" and "eta ?" not in stage[-1][3]
+    sft_steps = [what for i, _, _, what in stage if i == "1" and what.startswith("sft step")]
+    assert sft_steps and not any("eta ?" in what for what in sft_steps)  # the first stage projects its own steps
 
 
 def test_rerun_re_renders_from_saved_results(tiny_run, monkeypatch):
