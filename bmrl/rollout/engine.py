@@ -137,15 +137,18 @@ def make_episode(policy: Any, env: Env, cfg: RolloutConfig, record_obs: bool = F
     """
     Tm = cfg.max_turns
 
+    @jax.named_scope("turn")
     def turn(c: Carry, bound, inject) -> Carry:
         t, active = c.t, c.active
         turns = _record_obs(c.turns, t, c.obs, active)
         pstate, action, format_ok = bound.act(c.policy_state, env, c.env_state, t, active)
         step_keys = jax.vmap(lambda k: jax.random.fold_in(k, t + 1))(c.env_keys)
         action, injected = inject_errors(env, inject, step_keys, c.env_state, action, active, t)
-        new_state, new_obs, reward, term, info = jax.vmap(env.step)(step_keys, c.env_state, action, c.caps - (t + 1))
+        with jax.named_scope("env_step"):
+            new_state, new_obs, reward, term, info = jax.vmap(env.step)(step_keys, c.env_state, action, c.caps - (t + 1))
         c = c.replace(turns=turns, policy_state=pstate)
-        turns = record_turn(c, t, active, action, format_ok, injected, reward, info, cfg.format_reward)
+        with jax.named_scope("record"):
+            turns = record_turn(c, t, active, action, format_ok, injected, reward, info, cfg.format_reward)
         won = active & info.success
         nxt = active & ~term & ~won & (t + 1 < c.caps)
         if hasattr(bound, "after_step"):  # policies that remember the last step (e.g. RepairingOracle)

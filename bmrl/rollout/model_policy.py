@@ -81,6 +81,7 @@ class _BoundModel:
         f = self.fmt
         return [fixed(f.obs_open, batch), (obs.tokens, obs.length), fixed(f.obs_close, batch)]
 
+    @jax.named_scope("start")
     def start(self, env: Env, obs, keys) -> ModelState:
         """Turn 0 prompt: the format's prefix (the same for every row: prefilled once and shared) and
         each row's first observation, prefilled at its real length."""
@@ -115,6 +116,7 @@ class _BoundModel:
         (it stays in place, read and written through `slot`), so a compaction step copies no cache."""
         return take(s.replace(cache=None), keep).replace(cache=s.cache)
 
+    @jax.named_scope("prefill")
     def _prefill(self, chunk: jax.Array, n: jax.Array, offsets: jax.Array, cache, tight: bool = False,
                  rows: jax.Array | None = None, prev: jax.Array | None = None):
         """Prefill `chunk: [B, W]` (row b: its first n[b] tokens) at `offsets`. With `tight`, at the
@@ -167,6 +169,7 @@ class _BoundModel:
         """The state without its KV cache and logits (what results need, for compaction)."""
         return s.replace(cache=None, next_logits=None)
 
+    @jax.named_scope("decode")
     def decode_reply(self, s: ModelState, t, decoding: jax.Array) -> ModelState:
         """Sample one reply per decoding row into the buffer, until a stop token or the per-turn limit
         (a reply that reaches it gets a stop token appended: not sampled, not trained on)."""
@@ -178,8 +181,9 @@ class _BoundModel:
 
         def body(d):
             s, decoding, i = d
-            keys = jax.vmap(lambda k: jax.random.fold_in(jax.random.fold_in(k, t), i))(s.tok_keys)
-            tok, lp = sample(keys, s.next_logits, self.cfg.sampling)
+            with jax.named_scope("sample"):
+                keys = jax.vmap(lambda k: jax.random.fold_in(jax.random.fold_in(k, t), i))(s.tok_keys)
+                tok, lp = sample(keys, s.next_logits, self.cfg.sampling)
             is_stop = jnp.isin(tok, self.stop_ids)
             forced = decoding & ~is_stop & (i == R - 1)
             tok = jnp.where(forced, self.stop_ids[0], tok)
@@ -248,6 +252,7 @@ class _BoundModel:
         reply = jnp.take_along_axis(s.tokens, idx, axis=1)
         return jnp.where(jnp.arange(R)[None, :] < reply_len[:, None], reply, self.fmt.pad_id), reply_len
 
+    @jax.named_scope("parse")
     def parse(self, s: ModelState, env: Env, reply_start: jax.Array) -> tuple[jax.Array, jax.Array]:
         """The reply written since `reply_start`, without its stop token -> (action id, format_ok)."""
         return parse_replies(env, self.fmt, *self.reply(s, reply_start))
@@ -258,6 +263,7 @@ class _BoundModel:
         act, format_ok = self.parse(s, env, reply_start)
         return s, act, format_ok
 
+    @jax.named_scope("observe")
     def observe(self, s: ModelState, env: Env, obs, t, nxt) -> tuple[ModelState, jax.Array]:
         """Prefill [last reply token, reply_close, obs_open, OBS, obs_close] for rows going on, if the
         chunk and a full reply still fit the buffer; returns the rows that fit."""
