@@ -61,6 +61,15 @@ def gumbel_noise(keys: jax.Array, vocab: int) -> jax.Array:
     return jax.vmap(lambda k: jax.random.gumbel(k, (vocab,), jnp.float32))(keys)
 
 
+def argmax(x: jax.Array) -> jax.Array:
+    """`jnp.argmax(x, axis=-1)` as int32 (the first maximum; the first NaN if any), computed as a max
+    and a min over indices: two plain reductions, which XLA's CPU backend vectorizes, where argmax's
+    paired (value, index) reduction ran 2.3x slower (the largest single op of a small-batch decode step)."""
+    top = x.max(axis=-1, keepdims=True)
+    iota = jax.lax.broadcasted_iota(jnp.int32, x.shape, x.ndim - 1)
+    return jnp.min(jnp.where((x == top) | jnp.isnan(x), iota, x.shape[-1]), axis=-1)
+
+
 def sample_with_noise(
     noise: jax.Array | None, logits: jax.Array, cfg: SamplingConfig
 ) -> tuple[jax.Array, jax.Array]:
@@ -68,10 +77,10 @@ def sample_with_noise(
     greedy): a caller can draw the noise of many steps in one call. Same tokens as `sample`."""
     logp = policy_logprobs(logits, cfg)
     if cfg.greedy:
-        tokens = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+        tokens = argmax(logits)
     else:
         filtered = logp if not (cfg.top_k or cfg.top_p < 1.0) else jax.vmap(lambda lg: _filter(lg, cfg))(logp)
-        tokens = jnp.argmax(filtered + noise, axis=-1).astype(jnp.int32)
+        tokens = argmax(filtered + noise)
     return tokens, jnp.take_along_axis(logp, tokens[:, None], axis=-1)[:, 0]
 
 
