@@ -8,6 +8,26 @@ import jax
 import jax.numpy as jnp
 
 
+def unroll_threefry_on_cpu() -> bool:
+    """Lower JAX's threefry hash on CPU unrolled, as on every other platform (same bits: the same 20
+    rounds, not rolled into a 5-step loop). The rolled loop runs its rounds as ~25 tiny ops per step:
+    every PRNG call in a rollout turn (token keys, Gumbel noise, environment and injection keys) was
+    ~125 dispatched ops, half of a small batch's per-turn ops (`bench/profile_turn.py`). Returns
+    whether the rule was installed (False if this JAX version lacks it: then the rolled default stays)."""
+    try:
+        from jax._src.random import threefry2x32 as impl
+        from jax.extend.random import threefry2x32_p
+        from jax.interpreters import mlir
+
+        mlir.register_lowering(threefry2x32_p, impl._threefry2x32_lowering_rule, platform="cpu", inline=False)
+        return True
+    except (ImportError, AttributeError):
+        return False
+
+
+UNROLLED_THREEFRY = unroll_threefry_on_cpu()
+
+
 @dataclasses.dataclass(frozen=True)
 class SamplingConfig:
     """temperature 0 means greedy; top_k 0 and top_p 1.0 disable those filters."""
