@@ -37,10 +37,12 @@ PHASES = ("compact", "start", "sample", "decode", "parse", "env_step", "record",
 
 
 def _setup(root: str):
+    """Import bmrl from `root`, then this tree's workload (`bench/rollout.py`: the same for both trees)."""
     sys.path.insert(0, root)
-    import jax  # noqa: F401
+    import bmrl
 
-    sys.path.insert(0, ROOT)  # bench/rollout.py's workload (same code for both trees)
+    assert os.path.dirname(os.path.dirname(os.path.abspath(bmrl.__file__))) == os.path.abspath(root), bmrl.__file__
+    sys.path.insert(0, ROOT)
     from bench.rollout import corridor_workload
 
     return corridor_workload
@@ -267,6 +269,7 @@ def against(other: str, rounds: int, repeats: int) -> dict:
                 env = dict(os.environ, PYTHONPATH=root)
                 out = subprocess.run(cmd, capture_output=True, text=True, env=env, check=True).stdout
                 res = json.loads(out.strip().splitlines()[-1])
+                res.pop("bmrl", None)
                 print(f"round {r} {who}: {res}", flush=True)
                 for label, row in res.items():
                     cur = best[who].setdefault(label, dict(row))
@@ -298,7 +301,7 @@ def main() -> None:
         return
     corridor_workload = _setup(args.root)
     if args.time_only:
-        print(json.dumps(time_only(corridor_workload, args.repeats, args.save)))
+        print(json.dumps(time_only(corridor_workload, args.repeats, args.save)))  # bmrl from --root
         return
     import jax
 
