@@ -193,7 +193,7 @@ class _BoundModel:
         batch = keys.shape[0]
         if batch * R * vocab > NOISE_ELEMENTS:
             return lambda i: gumbel_noise(jax.lax.dynamic_index_in_dim(keys, i, 1, keepdims=False), vocab)
-        noise = gumbel_noise(keys.reshape(batch * R), vocab).reshape(batch, R, vocab)
+        noise = gumbel_noise(keys.reshape((batch * R,) + keys.shape[2:]), vocab).reshape(batch, R, vocab)  # raw keys: [B, R, 2]
         return lambda i: jax.lax.dynamic_index_in_dim(noise, i, 1, keepdims=False)
 
     @jax.named_scope("decode")
