@@ -13,8 +13,8 @@ program per batch shape (max_turns 32, caps as data), measured after a warm-up c
   time per token at the longer context over the shorter; attention over the context makes it > 2);
 - BudgetMix pays for turns played: caps drawn from {2, 4, 6, 8} vs all 8, at batch 64 with live-row
   compaction on (the default: once 16 rows have finished, a turn plays only the chunks of 16 rows
-  that hold live rows; one program, two copies of the turn; target <= 0.75, turns played 0.65), the same without compaction beside it, the
-  compiles and first-call (compile) seconds of each, and `ceiling_mix_cost_ratio`: the mix's cost if
+  that hold live rows; one program, two copies of the turn; target <= 0.75, turns played 0.65),
+  the same without compaction beside it, the compiles and first-call (compile) seconds of each, and `ceiling_mix_cost_ratio`: the mix's cost if
   each live chunk cost what the plain decode loop takes for its rows (its floor on this machine);
 - batch helps: env turns/s at batch 256 over batch 16 (target >= 1.5), beside the plain decode loop's
   own tokens/s at 256 over 16 rows (`ceiling_batch256_over_batch16`);

@@ -193,7 +193,8 @@ class _BoundModel:
         batch = keys.shape[0]
         if batch * R * vocab > NOISE_ELEMENTS:
             return lambda i: gumbel_noise(jax.lax.dynamic_index_in_dim(keys, i, 1, keepdims=False), vocab)
-        noise = gumbel_noise(keys.reshape((batch * R,) + keys.shape[2:]), vocab).reshape(batch, R, vocab)  # raw keys: [B, R, 2]
+        flat = keys.reshape((batch * R,) + keys.shape[2:])  # typed [B * R] or raw [B * R, 2] keys
+        noise = gumbel_noise(flat, vocab).reshape(batch, R, vocab)
         return lambda i: jax.lax.dynamic_index_in_dim(noise, i, 1, keepdims=False)
 
     @jax.named_scope("decode")

@@ -97,9 +97,9 @@ class RolloutConfig:
         """The rows a compacting rollout of `batch` rows plays a turn in at a time (`batch` when
         compaction is off): batch / k for the largest k <= compact_steps that divides the batch into
         chunks of at least compact_min_rows rows. 64 rows, min 16, 4 steps: chunks of 16; 256: 64;
-        16 rows: 16 (no split: a small batch pays per op, not per row, on a CPU). Once a chunk's worth of rows has finished, each turn plays only the
-        chunks that hold a live row: one more copy of the turn (at `chunk` rows) in the program, whatever
-        the live-row count, which is data."""
+        16 rows: 16 (no split: a small batch pays per op, not per row, on a CPU). Once a chunk's worth
+        of rows has finished, each turn plays only the chunks that hold a live row: one more copy of
+        the turn (at `chunk` rows) in the program, whatever the live-row count, which is data."""
         m = self.compact_min_rows
         if not m:
             return batch
