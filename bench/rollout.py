@@ -4,19 +4,22 @@ A tiny model (vocab 384, 2 layers, d 64) on the corridor (length 64: no episode 
 caps alone decide the turns), sampling at temperature 1. Every case runs through ONE compiled
 program per batch shape (max_turns 32, caps as data), measured after a warm-up call:
 
-- ceiling ratio: useful tokens/s of the rollout (sampled + real observation tokens, no padding, no
-  finished rows) over a plain decode ceiling, a minimal jitted `extend` + `sample` loop on the same
-  model, batch and mean live context (target >= 0.7), at batch 64 and 256 x 16 turns;
+- ceiling ratio: sampled tokens/s of the rollout (only sampled tokens count as useful: prefilled
+  observations are not generation, so the ratio cannot exceed 1) over a plain decode ceiling, a
+  minimal jitted `extend` + `sample` loop on the same model, batch and mean live context, at batch 64
+  and 256 x 16 turns;
 - linear in turns: t(32 turns) / t(16 turns) and t(16) / t(8) at batch 16 (targets <= 2.3), beside the
   same ratios for the plain decode loop at the runs' mean live contexts (`ceiling_t32_over_t16`: 2 x its
   time per token at the longer context over the shorter; attention over the context makes it > 2);
 - BudgetMix pays for turns played: caps drawn from {2, 4, 6, 8} vs all 8, at batch 64 with live-row
-  compaction on (`compact_min_rows=8`: batch sizes 64, 56, ..., 8; target <= 0.70, turns played 0.65),
-  and the same without compaction beside it, and `ceiling_mix_cost_ratio`: the mix's cost if each turn
-  cost what the plain decode loop takes for the live rows' bucket (its floor on this machine);
+  compaction on (the default: once 16 rows have finished, a turn plays only the chunks of 16 rows
+  that hold live rows; one program, two copies of the turn; target <= 0.75, turns played 0.65),
+  the same without compaction beside it, the compiles and first-call (compile) seconds of each, and `ceiling_mix_cost_ratio`: the mix's cost if
+  each live chunk cost what the plain decode loop takes for its rows (its floor on this machine);
 - batch helps: env turns/s at batch 256 over batch 16 (target >= 1.5), beside the plain decode loop's
   own tokens/s at 256 over 16 rows (`ceiling_batch256_over_batch16`);
-- compiles: rollout programs compiled in the whole run (one per batch shape and compaction setting).
+- compiles: rollout programs compiled in the whole run (one per batch shape and compaction setting),
+  and the first calls' seconds (compile included).
 `--python` adds the Python-driven loop (`bmrl.rollout.baseline`) at batch 64 x 8 turns.
 
     python bench/rollout.py [--quick] [--repeats 5] [--python]
@@ -51,11 +54,16 @@ from tests.rollout_helpers import steered_policy  # noqa: E402
 MAX_TURNS = 32
 
 
+FIRST_CALL_S: list[float] = []  # wall time of every timed function's first call (compile included)
+
+
 def _time(fns, repeats: int) -> list[float]:
     """Best wall time of each of `fns` over `repeats` calls after one warm-up call each (compile), the
     calls interleaved so that a burst of load on the machine hits every case of a ratio alike."""
     for fn in fns:
+        t0 = time.perf_counter()
         jax.block_until_ready(fn())
+        FIRST_CALL_S.append(time.perf_counter() - t0)
     best = [float("inf")] * len(fns)
     for _ in range(repeats):
         for i, fn in enumerate(fns):
@@ -118,7 +126,7 @@ def main() -> None:
 
     tok, env, fmt, policy, base = corridor_workload(MAX_TURNS)
     reply, max_len = base.max_reply_tokens, base.max_len
-    compact = dataclasses.replace(base, compact_min_rows=8)
+    compact, plain = base, dataclasses.replace(base, compact_min_rows=0)  # compaction is on by default
     print(f"device={jax.devices()[0].platform} env=corridor(L=64) max_len={max_len} reply_tokens={reply} "
           f"prefix={len(fmt.prefix)} tokens")
     compiles.reset_counts()
@@ -134,11 +142,10 @@ def main() -> None:
     def describe(tr, t: float) -> dict:
         tr = jax.tree.map(np.asarray, tr)
         batch = tr.tokens.shape[0]
-        sampled = float(tr.loss_mask.sum())
-        useful = float(tr.length.sum()) - len(fmt.prefix) * batch  # every real token of a turn, no padding
+        sampled = float(tr.loss_mask.sum())  # useful = sampled: prefilled observations are not generation
         row = dict(batch=batch, turns=int(tr.caps.max()), seconds=round(t, 4), env_turns=int(tr.turns_used.sum()),
                    turns_per_s=round(float(tr.turns_used.sum()) / t, 1), sampled_tokens=int(sampled),
-                   useful_tokens_per_s=round(useful / t, 1),
+                   sampled_tokens_per_s=round(sampled / t, 1),
                    mean_context=round(float(tr.length.mean()) / 2, 1))  # live context averaged over the episode
         print(" ".join(f"{k}={v}" for k, v in row.items()), flush=True)
         return row
@@ -159,7 +166,7 @@ def main() -> None:
         row = by_batch[batch]
         ceiling = decode_ceiling(policy, batch, int(row["mean_context"]), 64, max_len, repeats)
         out[f"ceiling_tokens_per_s_{batch}x16"] = round(ceiling, 1)
-        out[f"ceiling_ratio_{batch}x16"] = round(row["useful_tokens_per_s"] / ceiling, 3)
+        out[f"ceiling_ratio_{batch}x16"] = round(row["sampled_tokens_per_s"] / ceiling, 3)
         out[f"turns_per_s_{batch}x16"] = row["turns_per_s"]
     out["batch256_over_batch16"] = round(by_batch[256]["turns_per_s"] / by_batch[16]["turns_per_s"], 3)
     # What batching buys the model itself: the plain decode loop's tokens/s at 256 rows over 16 rows
@@ -167,21 +174,26 @@ def main() -> None:
     out["ceiling_batch256_over_batch16"] = round(out["ceiling_tokens_per_s_256x16"] / rate[16], 3)
 
     mix_caps = np.asarray(np.random.default_rng(0).choice([2, 4, 6, 8], size=64), np.int32)
-    for label, cfg in (("compact", compact), ("no_compact", base)):
+    mix_first_calls = {}
+    for label, cfg in (("compact", compact), ("no_compact", plain)):
+        before = (compiles.counts().get("rollout", 0), len(FIRST_CALL_S))
         mix, full = run((64, mix_caps, cfg), (64, np.full(64, 8), cfg))
+        mix_first_calls[label] = dict(compiles=compiles.counts().get("rollout", 0) - before[0],
+                                      first_call_s=round(sum(FIRST_CALL_S[before[1]:]), 1))
         ratio = round(mix["seconds"] / full["seconds"], 3)
         out["mix_cost_ratio" if label == "compact" else "mix_cost_ratio_no_compaction"] = ratio
     out["mix_turns_played_ratio"] = round(float(mix_caps.mean()) / 8, 3)
+    out["mix_compiles_and_first_calls"] = mix_first_calls  # the mix and all-8 cases of each setting
     # What the mix would cost if every turn cost the plain decode loop's time for its rows: each turn
-    # runs at the compaction bucket that holds its live rows, weighted by the plain loop's time per
-    # row-token at that batch size (at the 8-turn runs' mean context). The floor the bucket schedule
-    # and this machine's per-row cost curve allow; `mix_cost_ratio` can approach it, not beat it.
-    buckets = compact.buckets(64)
-    sizes = [min(b for b in buckets if b >= (mix_caps >= t).sum()) for t in range(1, 9)]
+    # plays the chunks that hold its live rows, each chunk at the plain loop's time for `chunk` rows,
+    # over all-8 without compaction at the plain loop's time for 64 rows (at the 8-turn runs' mean
+    # context). The floor the chunking and this machine's per-row cost curve allow.
+    chunk = compact.compact_chunk(64)
+    chunks = [-(-int((mix_caps >= t).sum()) // chunk) for t in range(1, 9)]
     context = int(by_turns[8]["mean_context"])
-    row_time = {b: b / decode_ceiling(policy, b, context, 64, max_len, repeats) for b in sorted(set(sizes))}
-    out["mix_bucket_row_turns"] = round(sum(sizes) / (8 * 64), 3)
-    out["ceiling_mix_cost_ratio"] = round(sum(row_time[b] for b in sizes) / (8 * row_time[64]), 3)
+    row_time = {b: b / decode_ceiling(policy, b, context, 64, max_len, repeats) for b in sorted({chunk, 64})}
+    out["mix_chunk_row_turns"] = round(sum(chunks) * chunk / (8 * 64), 3)
+    out["ceiling_mix_cost_ratio"] = round(sum(chunks) * row_time[chunk] / (8 * row_time[64]), 3)
 
     if args.python:
         tasks, caps = {"seed": jnp.arange(64, dtype=jnp.int32)}, jnp.full((64,), 8, jnp.int32)
@@ -190,9 +202,12 @@ def main() -> None:
                              lambda: rollout(policy, env, tasks, caps, jax.random.key(0), cfg8)], repeats)
         out["compiled_over_python_64x8"] = round(t_py / t_jit, 2)
 
-    out["compaction_buckets_64"] = list(compact.buckets(64))
+    out["compaction_chunk_64"] = compact.compact_chunk(64)
     out["compiles"] = compiles.counts().get("rollout", 0)
-    out["compile_note"] = "one rollout program per batch shape (16, 64, 256) plus one for compaction at 64"
+    out["first_calls_s"] = round(sum(FIRST_CALL_S), 1)
+    out["compile_note"] = ("one rollout program per batch shape (16, 64, 256; compaction on by default: at 64 and "
+                           "256 rows a second copy of the turn at the chunk's rows) plus one at 64 without compaction; "
+                           "the compacting mix reuses the 64-row program compiled for the 64 x 16 case")
     print(json.dumps(out))
 
 

@@ -8,6 +8,26 @@ import jax
 import jax.numpy as jnp
 
 
+def unroll_threefry_on_cpu() -> bool:
+    """Lower JAX's threefry hash on CPU unrolled, as on every other platform (same bits: the same 20
+    rounds, not rolled into a 5-step loop). The rolled loop runs its rounds as ~25 tiny ops per step:
+    every PRNG call in a rollout turn (token keys, Gumbel noise, environment and injection keys) was
+    ~125 dispatched ops, half of a small batch's per-turn ops (`bench/profile_turn.py`). Returns
+    whether the rule was installed (False if this JAX version lacks it: then the rolled default stays)."""
+    try:
+        from jax._src.random import threefry2x32 as impl
+        from jax.extend.random import threefry2x32_p
+        from jax.interpreters import mlir
+
+        mlir.register_lowering(threefry2x32_p, impl._threefry2x32_lowering_rule, platform="cpu", inline=False)
+        return True
+    except (ImportError, AttributeError):
+        return False
+
+
+UNROLLED_THREEFRY = unroll_threefry_on_cpu()
+
+
 @dataclasses.dataclass(frozen=True)
 class SamplingConfig:
     """temperature 0 means greedy; top_k 0 and top_p 1.0 disable those filters."""
@@ -61,6 +81,15 @@ def gumbel_noise(keys: jax.Array, vocab: int) -> jax.Array:
     return jax.vmap(lambda k: jax.random.gumbel(k, (vocab,), jnp.float32))(keys)
 
 
+def argmax(x: jax.Array) -> jax.Array:
+    """`jnp.argmax(x, axis=-1)` as int32 (the first maximum; the first NaN if any), computed as a max
+    and a min over indices: two plain reductions, which XLA's CPU backend vectorizes, where argmax's
+    paired (value, index) reduction ran 2.3x slower (the largest single op of a small-batch decode step)."""
+    top = x.max(axis=-1, keepdims=True)
+    iota = jax.lax.broadcasted_iota(jnp.int32, x.shape, x.ndim - 1)
+    return jnp.min(jnp.where((x == top) | jnp.isnan(x), iota, x.shape[-1]), axis=-1)
+
+
 def sample_with_noise(
     noise: jax.Array | None, logits: jax.Array, cfg: SamplingConfig
 ) -> tuple[jax.Array, jax.Array]:
@@ -68,10 +97,10 @@ def sample_with_noise(
     greedy): a caller can draw the noise of many steps in one call. Same tokens as `sample`."""
     logp = policy_logprobs(logits, cfg)
     if cfg.greedy:
-        tokens = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+        tokens = argmax(logits)
     else:
         filtered = logp if not (cfg.top_k or cfg.top_p < 1.0) else jax.vmap(lambda lg: _filter(lg, cfg))(logp)
-        tokens = jnp.argmax(filtered + noise, axis=-1).astype(jnp.int32)
+        tokens = argmax(filtered + noise)
     return tokens, jnp.take_along_axis(logp, tokens[:, None], axis=-1)[:, 0]
 
 

@@ -249,19 +249,20 @@ def test_error_injection_forces_wrong_actions(tiny_tokenizer):
     assert not none.injected.any()
 
 
-def test_compaction_buckets_step_down_by_a_fraction_of_the_batch():
-    """Multiples of batch / compact_steps (rounded up to compact_min_rows), then halving, never below
-    compact_min_rows; compaction off is one size; a step count below 1 is refused with the fix."""
-    def sizes(batch, min_rows, steps=8):
-        return RolloutConfig(4, 2, 8, compact_min_rows=min_rows, compact_steps=steps).buckets(batch)
+def test_compaction_chunks_divide_the_batch():
+    """A turn is played in chunks of batch / k rows (k <= compact_steps, dividing the batch, chunks of
+    at least compact_min_rows); compaction off (or a batch too small to split) is the whole batch;
+    on by default (config and RolloutConfig agree); a step count below 1 is refused with the fix."""
+    from bmrl.config.schema import RolloutCfg
 
-    assert sizes(64, 8) == (64, 56, 48, 40, 32, 24, 16, 8)
-    assert sizes(256, 8) == (256, 224, 192, 160, 128, 96, 64, 32, 16, 8)
-    assert sizes(64, 8, steps=2) == (64, 32, 16, 8)  # halving
-    assert sizes(10, 3) == (10, 9, 6, 3) and sizes(12, 8) == (12, 8) and sizes(64, 0) == (64,)
-    for batch, min_rows, steps in [(64, 8, 8), (256, 8, 8), (10, 3, 8), (100, 7, 3)]:
-        got = sizes(batch, min_rows, steps)
-        assert all(a > b >= min_rows for a, b in itertools.pairwise(got)) and got[0] == batch
+    def chunk(batch, min_rows, steps=4):
+        return RolloutConfig(4, 2, 8, compact_min_rows=min_rows, compact_steps=steps).compact_chunk(batch)
+
+    assert chunk(64, 8) == 16 and chunk(256, 8) == 64 and chunk(16, 8) == 8 and chunk(12, 8) == 12
+    assert chunk(64, 8, steps=8) == 8 and chunk(10, 3, steps=3) == 5 and chunk(7, 2) == 7 and chunk(64, 0) == 64
+    assert RolloutConfig(4, 2, 8).compact_chunk(64) == 16 and RolloutConfig(4, 2, 8).compact_chunk(16) == 16
+    assert (RolloutCfg().compact_min_rows, RolloutCfg().compact_steps) == (RolloutConfig(4, 2, 8).compact_min_rows,
+                                                                          RolloutConfig(4, 2, 8).compact_steps)
     with pytest.raises(RolloutError, match="compact_steps must be >= 1"):
         RolloutConfig(4, 2, 8, compact_min_rows=8, compact_steps=0)
 
@@ -301,10 +302,10 @@ def test_attention_block_changes_only_the_work(tiny_tokenizer, monkeypatch):
 
 
 def test_rollout_program_never_copies_the_kv_cache(tiny_tokenizer):
-    """The compiled rollout (compaction on: a whole-batch stage and a compacted one) holds no
-    instruction that copies or transposes a cache-sized array: per-turn prefill, decode and the
-    compaction step all update the cache in place (XLA copied it whole, twice a turn, when the
-    prefill ran under `lax.cond`)."""
+    """The compiled rollout (compaction on: live rows packed first, a turn played chunk by chunk) holds
+    no instruction that copies or transposes a cache-sized array: per-turn prefill, decode and the
+    compaction all update the cache in place (XLA copied it whole, twice a turn, when the prefill ran
+    under `lax.cond`)."""
     import dataclasses
 
     from flax import nnx
@@ -327,11 +328,11 @@ def test_rollout_program_never_copies_the_kv_cache(tiny_tokenizer):
     assert _cache_sized_copies(hlo, cache.size) == []
 
 
-@pytest.mark.parametrize("name", ["corridor"])  # one env: each bucket size is a compile (~35 s per env)
+@pytest.mark.parametrize("name", ["corridor"])  # one env: each program is a compile
 def test_compaction_changes_nothing_but_the_work(name, tiny_tokenizer):
-    """Finished rows leave the batch (16 -> 12 -> 8 -> 4 rows, the KV cache staying in place) and every
-    row's trajectory, sampled at temperature 1 with its own key, is the one it has in the full batch:
-    same tokens, same order."""
+    """Finished rows leave the batch (live rows packed first, turns played in chunks of 4 rows while a
+    chunk holds a live row, the KV cache staying in place) and every row's trajectory, sampled at
+    temperature 1 with its own key, is the one it has in the full batch: same tokens, same order."""
     import dataclasses
 
     env = _env(name, tiny_tokenizer)
@@ -340,10 +341,10 @@ def test_compaction_changes_nothing_but_the_work(name, tiny_tokenizer):
     caps = jnp.asarray(np.tile([1, 2, 3, 8, 4, 8, 6, 5], 2), jnp.int32)  # rows finish at every turn
     tasks = {"seed": jnp.arange(16, dtype=jnp.int32) * 7}
     key = jax.random.key(11)
-    full = rollout(policy, env, tasks, caps, key, cfg)
-    compact = rollout(policy, env, tasks, caps, key, dataclasses.replace(cfg, compact_min_rows=4))
-    assert cfg.buckets(16) == (16,) and dataclasses.replace(cfg, compact_min_rows=4).buckets(16) == (16, 12, 8, 4)
-    _assert_same(full, compact)
+    full = rollout(policy, env, tasks, caps, key, dataclasses.replace(cfg, compact_min_rows=0))
+    compacting = dataclasses.replace(cfg, compact_min_rows=4)
+    assert compacting.compact_chunk(16) == 4
+    _assert_same(full, rollout(policy, env, tasks, caps, key, compacting))
     used = np.asarray(full.turns_used)
     assert used.min() < used.max()  # rows really finished at different turns
 
@@ -351,7 +352,7 @@ def test_compaction_changes_nothing_but_the_work(name, tiny_tokenizer):
 @pytest.mark.parametrize("name", ["sokoban", "toolchain", "keypad"])  # frozenlake's grid state is sokoban's kind
 def test_compaction_gathers_every_env_state(name, tiny_tokenizer):
     """Each kind of environment state (a grid, a tool chain, a code: pytrees of their own shapes) is gathered
-    when the batch compacts (4 -> 2 rows, the smallest program that compacts): every row's sampled
+    when the batch compacts (4 rows in chunks of 2, the smallest program that compacts): every row's sampled
     trajectory is the one it has in the full batch (keypad's replies mostly fail to parse here, see
     above: its state is gathered all the same)."""
     import dataclasses
@@ -361,7 +362,7 @@ def test_compaction_gathers_every_env_state(name, tiny_tokenizer):
     cfg = _cfg(max_turns=4, max_len=512, temperature=1.0)
     compacting = dataclasses.replace(cfg, compact_min_rows=2, compact_steps=2)
     caps, tasks, key = jnp.asarray([1, 4, 2, 4], jnp.int32), {"seed": jnp.arange(4, dtype=jnp.int32) * 5}, jax.random.key(7)
-    full = rollout(policy, env, tasks, caps, key, cfg)
-    assert compacting.buckets(4) == (4, 2)
+    full = rollout(policy, env, tasks, caps, key, dataclasses.replace(cfg, compact_min_rows=0))
+    assert compacting.compact_chunk(4) == 2
     _assert_same(full, rollout(policy, env, tasks, caps, key, compacting))
     assert (np.asarray(full.turns_used) <= np.asarray(caps)).all() and int(np.asarray(full.turns_used).max()) > 1

@@ -77,8 +77,8 @@ class RolloutCfg:
     temperature: float = 1.0  # sampling temperature during training rollouts (0 = greedy)
     top_k: int = 0  # keep the k most likely tokens (0 = off)
     top_p: float = 1.0  # nucleus sampling mass in (0, 1] (1 = off)
-    compact_min_rows: int = 0  # finished rows leave the batch, down to this many rows (0 = off)
-    compact_steps: int = 8  # the batch shrinks in steps of 1/compact_steps of it (each step: one more loop to compile)
+    compact_min_rows: int = 16  # finished rows leave the batch: turns played in chunks of at least this many rows (0 = off)
+    compact_steps: int = 4  # the batch splits into at most this many chunks; only chunks with live rows play (one compile)
     attention_block: int = 64  # keys per attention block over the KV cache (64: fastest on CPU; accelerators may want more; 0 = whole buffer)
 
 

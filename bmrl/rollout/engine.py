@@ -137,15 +137,18 @@ def make_episode(policy: Any, env: Env, cfg: RolloutConfig, record_obs: bool = F
     """
     Tm = cfg.max_turns
 
+    @jax.named_scope("turn")
     def turn(c: Carry, bound, inject) -> Carry:
         t, active = c.t, c.active
         turns = _record_obs(c.turns, t, c.obs, active)
         pstate, action, format_ok = bound.act(c.policy_state, env, c.env_state, t, active)
         step_keys = jax.vmap(lambda k: jax.random.fold_in(k, t + 1))(c.env_keys)
         action, injected = inject_errors(env, inject, step_keys, c.env_state, action, active, t)
-        new_state, new_obs, reward, term, info = jax.vmap(env.step)(step_keys, c.env_state, action, c.caps - (t + 1))
+        with jax.named_scope("env_step"):
+            new_state, new_obs, reward, term, info = jax.vmap(env.step)(step_keys, c.env_state, action, c.caps - (t + 1))
         c = c.replace(turns=turns, policy_state=pstate)
-        turns = record_turn(c, t, active, action, format_ok, injected, reward, info, cfg.format_reward)
+        with jax.named_scope("record"):
+            turns = record_turn(c, t, active, action, format_ok, injected, reward, info, cfg.format_reward)
         won = active & info.success
         nxt = active & ~term & ~won & (t + 1 < c.caps)
         if hasattr(bound, "after_step"):  # policies that remember the last step (e.g. RepairingOracle)
@@ -174,9 +177,9 @@ def make_episode(policy: Any, env: Env, cfg: RolloutConfig, record_obs: bool = F
             turns=Turns.empty(batch, Tm, jax.vmap(env.progress)(env_state), env.max_obs_len if record_obs else 0),
             turns_used=zeros, success=false, first_success_turn=zeros, terminated=false, overflow=false,
         )
-        sizes = cfg.buckets(batch) if getattr(policy, "compactable", False) else (batch,)
-        c = play_compacting(carry, lambda c: turn(c, bound, inject), sizes, Tm, getattr(bound, "strip", None),
-                            getattr(bound, "take_rows", take))
+        chunk = cfg.compact_chunk(batch) if getattr(policy, "compactable", False) else batch
+        c = play_compacting(carry, lambda c: turn(c, bound, inject), chunk, Tm, getattr(bound, "strip", None),
+                            getattr(bound, "take_rows", take), getattr(bound, "put_rows", None))
         r = c.turns
         # Progress after the last turn is carried to the end, however early the row finished.
         last = jnp.minimum(jnp.arange(Tm + 1)[None, :], c.turns_used[:, None])
@@ -195,40 +198,53 @@ def make_episode(policy: Any, env: Env, cfg: RolloutConfig, record_obs: bool = F
     return compiles.counted_jit(run, name=name)
 
 
-def play_compacting(carry: Carry, turn, sizes: tuple[int, ...], max_turns: int, strip=None, take_rows=take) -> Carry:
-    """Run `turn` until no row is active or `max_turns`, at batch sizes `sizes` (static, decreasing).
+def play_compacting(carry: Carry, turn, chunk: int, max_turns: int, strip=None, take_rows=take,
+                    put_rows=None) -> Carry:
+    """Run `turn` until no row is active or `max_turns`, over the live rows only, in chunks of `chunk` rows.
 
-    At `sizes[i]` rows the loop runs while more than `sizes[i + 1]` rows are active; then the active
-    rows are gathered into a batch of `sizes[i + 1]` (finished rows leave) and the loop goes on, so
-    late turns cost what their live rows cost. Every row's results are scattered back to its place
-    in the full batch: the caller sees its own order. With one size it is the plain loop. `strip`
-    drops what the results do not need from a policy state (a model's KV cache) before scattering;
-    `take_rows(state, keep)` gathers a policy state's rows (a model's keeps its KV cache in place).
+    With `chunk` below the batch, turns run on the whole batch while every chunk would hold a live
+    row; after that each turn first packs the live rows first (a stable permutation of every per-row
+    array; `take_rows(state, perm)` permutes a policy state, a model's KV cache staying in place),
+    then plays the turn on chunk after chunk of `chunk` rows while a chunk holds a live row: the
+    live-row count is data, so two copies of the turn in one program (whole batch, one chunk) serve
+    every count, whatever the batch (a copy per batch size before: 34 s to compile at 64 rows), and
+    a finished row stops costing once the live rows fit a chunk fewer. `put_rows(state, start, part)`
+    writes a chunk's policy state back. Results are gathered back into the caller's order
+    (`Carry.row`). With `chunk` >= the batch it is the plain loop. `strip` drops what the results do
+    not need from a policy state (a model's KV cache) before that.
     """
+    batch = carry.active.shape[0]
 
-    def rows(c: Carry) -> Carry:
-        return c.replace(t=None)
+    def cond(c: Carry) -> jax.Array:
+        return jnp.any(c.active) & (c.t < max_turns)
 
-    def results(c: Carry) -> Carry:
-        return rows(c.replace(policy_state=strip(c.policy_state))) if strip else rows(c)
+    if chunk >= batch:
+        return jax.lax.while_loop(cond, turn, carry)
 
-    out, work = results(carry), carry
-    for i, size in enumerate(sizes):
-        nxt = sizes[i + 1] if i + 1 < len(sizes) else 0
+    def part_of(c: Carry, start) -> Carry:
+        rows = jax.tree.map(lambda x: jax.lax.dynamic_slice_in_dim(x, start, chunk), c.replace(t=None, policy_state=None))
+        return rows.replace(t=c.t, policy_state=take_rows(c.policy_state, start + jnp.arange(chunk)))
 
-        def cond(c: Carry, nxt=nxt) -> jax.Array:
-            return jnp.any(c.active) & (c.t < max_turns) & (jnp.sum(c.active) > nxt)
+    def put(c: Carry, start, part: Carry) -> Carry:
+        rows = jax.tree.map(lambda x, y: jax.lax.dynamic_update_slice_in_dim(x, y, start, 0),
+                            c.replace(t=None, policy_state=None), part.replace(t=None, policy_state=None))
+        return rows.replace(t=c.t, policy_state=put_rows(c.policy_state, start, part.policy_state))
 
-        work = jax.lax.while_loop(cond, turn, work)
-        if len(sizes) == 1:
-            return work
-        idx = work.row
-        out = jax.tree.map(lambda o, w: o.at[idx].set(w), out, results(work))
-        if nxt:
-            keep = jnp.argsort(~work.active, stable=True)[:nxt]  # active rows first
-            pstate = take_rows(work.policy_state, keep)
-            work = take(rows(work.replace(policy_state=None)), keep).replace(t=work.t, policy_state=pstate)
-    return out.replace(t=work.t)
+    def live_turn(c: Carry) -> Carry:
+        with jax.named_scope("compact"):
+            perm = jnp.argsort(~c.active, stable=True)  # live rows first, in their order
+            c = take(c.replace(t=None, policy_state=None), perm).replace(
+                t=c.t, policy_state=take_rows(c.policy_state, perm))
+        chunks = (jnp.sum(c.active) + chunk - 1) // chunk
+        c = jax.lax.fori_loop(0, chunks, lambda j, c: put(c, j * chunk, turn(part_of(c, j * chunk))), c)
+        return c.replace(t=c.t + 1)
+
+    def whole(c: Carry) -> jax.Array:  # every chunk holds a live row: the whole batch at once is cheaper
+        return cond(c) & (jnp.sum(c.active) > batch - chunk)
+
+    work = jax.lax.while_loop(cond, live_turn, jax.lax.while_loop(whole, turn, carry))
+    results = work.replace(t=None, policy_state=strip(work.policy_state) if strip else work.policy_state)
+    return take(results, jnp.argsort(work.row)).replace(t=work.t)  # back to the caller's order
 
 
 def episode_program(policy: Any, env: Env, cfg: RolloutConfig, record_obs: bool = False, name: str | None = None):

@@ -21,7 +21,9 @@ from bmrl.envs.base import Env
 from bmrl.formats import Format
 from bmrl.rollout.tokens import assemble, fixed, parse_replies, take, write
 from bmrl.rollout.types import TOKEN_STREAM, RolloutConfig, stream
-from bmrl.sampling import policy_logprobs, sample
+from bmrl.sampling import gumbel_noise, policy_logprobs, sample_with_noise
+
+NOISE_ELEMENTS = 1 << 22  # a turn's Gumbel noise is drawn in one call up to this many floats (16 MiB)
 
 
 @struct.dataclass
@@ -81,6 +83,7 @@ class _BoundModel:
         f = self.fmt
         return [fixed(f.obs_open, batch), (obs.tokens, obs.length), fixed(f.obs_close, batch)]
 
+    @jax.named_scope("start")
     def start(self, env: Env, obs, keys) -> ModelState:
         """Turn 0 prompt: the format's prefix (the same for every row: prefilled once and shared) and
         each row's first observation, prefilled at its real length."""
@@ -111,10 +114,19 @@ class _BoundModel:
         return None if s.slot.shape[0] == s.cache[0][0].shape[0] else s.slot
 
     def take_rows(self, s: ModelState, keep: jax.Array) -> ModelState:
-        """Rows `keep` of the batch (compaction): every per-row array is gathered, the KV cache is not
-        (it stays in place, read and written through `slot`), so a compaction step copies no cache."""
+        """Rows `keep` of the batch (compaction: the live rows first, then a chunk of them): every per-row
+        array is gathered, the KV cache is not (it stays in place, read and written through `slot`), so
+        compaction copies no cache."""
         return take(s.replace(cache=None), keep).replace(cache=s.cache)
 
+    def put_rows(self, s: ModelState, start: jax.Array, part: ModelState) -> ModelState:
+        """Write a chunk's state `part` (rows start .. start + chunk - 1 of `s`, gathered by `take_rows`)
+        back: its per-row arrays into those rows, its KV cache (the whole cache, updated in place) as is."""
+        rows = jax.tree.map(lambda x, y: jax.lax.dynamic_update_slice_in_dim(x, y, start, 0),
+                            s.replace(cache=None), part.replace(cache=None))
+        return rows.replace(cache=part.cache)
+
+    @jax.named_scope("prefill")
     def _prefill(self, chunk: jax.Array, n: jax.Array, offsets: jax.Array, cache, tight: bool = False,
                  rows: jax.Array | None = None, prev: jax.Array | None = None):
         """Prefill `chunk: [B, W]` (row b: its first n[b] tokens) at `offsets`. With `tight`, at the
@@ -167,6 +179,25 @@ class _BoundModel:
         """The state without its KV cache and logits (what results need, for compaction)."""
         return s.replace(cache=None, next_logits=None)
 
+    def _turn_noise(self, tok_keys: jax.Array, t, vocab: int) -> Callable[[jax.Array], jax.Array | None]:
+        """`noise_of(i)`: the Gumbel noise `[B, V]` of token i of turn t (row key fold_in(fold_in(k, t), i),
+        as `sample` draws it), None when greedy. The keys of the turn's R tokens are derived in one
+        call, and so is the noise of all of them when it is small (B * R * V <= NOISE_ELEMENTS): on CPU
+        each threefry call is a rolled loop of tiny ops, and three per token were half a small decode
+        step's ops. Same values as drawing them token by token."""
+        if self.cfg.sampling.greedy:
+            return lambda i: None
+        R = self.cfg.max_reply_tokens
+        steps = jnp.arange(R, dtype=jnp.int32)
+        keys = jax.vmap(lambda k: jax.vmap(lambda i: jax.random.fold_in(k, i))(steps))(stream(tok_keys, t))
+        batch = keys.shape[0]
+        if batch * R * vocab > NOISE_ELEMENTS:
+            return lambda i: gumbel_noise(jax.lax.dynamic_index_in_dim(keys, i, 1, keepdims=False), vocab)
+        flat = keys.reshape((batch * R,) + keys.shape[2:])  # typed [B * R] or raw [B * R, 2] keys
+        noise = gumbel_noise(flat, vocab).reshape(batch, R, vocab)
+        return lambda i: jax.lax.dynamic_index_in_dim(noise, i, 1, keepdims=False)
+
+    @jax.named_scope("decode")
     def decode_reply(self, s: ModelState, t, decoding: jax.Array) -> ModelState:
         """Sample one reply per decoding row into the buffer, until a stop token or the per-turn limit
         (a reply that reaches it gets a stop token appended: not sampled, not trained on)."""
@@ -176,10 +207,12 @@ class _BoundModel:
             s, decoding, i = d
             return jnp.any(decoding) & (i < R)
 
+        noise_of = self._turn_noise(s.tok_keys, t, s.next_logits.shape[-1])
+
         def body(d):
             s, decoding, i = d
-            keys = jax.vmap(lambda k: jax.random.fold_in(jax.random.fold_in(k, t), i))(s.tok_keys)
-            tok, lp = sample(keys, s.next_logits, self.cfg.sampling)
+            with jax.named_scope("sample"):
+                tok, lp = sample_with_noise(noise_of(i), s.next_logits, self.cfg.sampling)
             is_stop = jnp.isin(tok, self.stop_ids)
             forced = decoding & ~is_stop & (i == R - 1)
             tok = jnp.where(forced, self.stop_ids[0], tok)
@@ -248,6 +281,7 @@ class _BoundModel:
         reply = jnp.take_along_axis(s.tokens, idx, axis=1)
         return jnp.where(jnp.arange(R)[None, :] < reply_len[:, None], reply, self.fmt.pad_id), reply_len
 
+    @jax.named_scope("parse")
     def parse(self, s: ModelState, env: Env, reply_start: jax.Array) -> tuple[jax.Array, jax.Array]:
         """The reply written since `reply_start`, without its stop token -> (action id, format_ok)."""
         return parse_replies(env, self.fmt, *self.reply(s, reply_start))
@@ -258,6 +292,7 @@ class _BoundModel:
         act, format_ok = self.parse(s, env, reply_start)
         return s, act, format_ok
 
+    @jax.named_scope("observe")
     def observe(self, s: ModelState, env: Env, obs, t, nxt) -> tuple[ModelState, jax.Array]:
         """Prefill [last reply token, reply_close, obs_open, OBS, obs_close] for rows going on, if the
         chunk and a full reply still fit the buffer; returns the rows that fit."""

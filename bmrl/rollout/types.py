@@ -77,8 +77,8 @@ class RolloutConfig:
     max_len: int
     sampling: SamplingConfig = SamplingConfig()
     format_reward: float = 0.0  # added to a turn's reward when its reply breaks the format (< 0 penalises)
-    compact_min_rows: int = 0  # live-row compaction: the smallest batch finished rows shrink it to (0 = off)
-    compact_steps: int = 8  # compaction shrinks the batch in steps of 1/compact_steps of it (see `buckets`)
+    compact_min_rows: int = 16  # live-row compaction: the smallest chunk of rows a turn is played in (0 = off)
+    compact_steps: int = 4  # compaction splits the batch into at most this many chunks (see `compact_chunk`)
     attention_block: int = BLOCK_SIZE  # keys per attention block over the KV cache (0 = the whole buffer)
 
     def __post_init__(self) -> None:
@@ -93,21 +93,18 @@ class RolloutConfig:
             raise RolloutError(f"RolloutConfig.attention_block must be >= 0 (keys per block; 0 = the whole buffer), "
                                f"got {self.attention_block}.")
 
-    def buckets(self, batch: int) -> tuple[int, ...]:
-        """The static batch sizes a compacting rollout of `batch` rows runs at (just `(batch,)` when
-        compaction is off): batch, then the multiples of a step below it, then halving, all >=
-        compact_min_rows. The step is batch / compact_steps rounded up to a multiple of compact_min_rows:
-        64 rows, min 8, 8 steps: 64, 56, ..., 8; 256 rows: 256, 224, ..., 32, 16, 8; 2 steps: 64, 32, 16, 8.
-        Each size is one more copy of the turn loop in the program (compile time), and a row that
-        finishes stops costing once the live rows fit the next size."""
+    def compact_chunk(self, batch: int) -> int:
+        """The rows a compacting rollout of `batch` rows plays a turn in at a time (`batch` when
+        compaction is off): batch / k for the largest k <= compact_steps that divides the batch into
+        chunks of at least compact_min_rows rows. 64 rows, min 16, 4 steps: chunks of 16; 256: 64;
+        16 rows: 16 (no split: a small batch pays per op, not per row, on a CPU). Once a chunk's worth
+        of rows has finished, each turn plays only the chunks that hold a live row: one more copy of
+        the turn (at `chunk` rows) in the program, whatever the live-row count, which is data."""
         m = self.compact_min_rows
         if not m:
-            return (batch,)
-        step = m * -(-batch // (self.compact_steps * m))
-        sizes = [batch] + list(range(step * ((batch - 1) // step), 0, -step))
-        while sizes[-1] % 2 == 0 and sizes[-1] // 2 >= m:
-            sizes.append(sizes[-1] // 2)
-        return tuple(sizes)
+            return batch
+        k = max(k for k in range(1, self.compact_steps + 1) if batch % k == 0 and batch // k >= min(m, batch))
+        return batch // k
 
 
 @struct.dataclass
