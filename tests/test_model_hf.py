@@ -152,7 +152,7 @@ def test_unsupported_model_type_names_the_supported_ones(copy):
         (
             dict(rope_parameters={"rope_type": "yarn", "factor": 2.0, "rope_theta": 1e4,
                                   "original_max_position_embeddings": 64}),
-            "'yarn' is not supported; supported: default, llama3",
+            "'yarn' is not supported; supported: default, llama3, linear",
         ),
     ],
 )
