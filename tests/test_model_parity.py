@@ -12,7 +12,9 @@ from flax import nnx
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from bmrl.generate import generate  # noqa: E402
 from bmrl.model import FAMILIES, ModelConfig, from_pretrained, init_model, save_pretrained  # noqa: E402
+from bmrl.sampling import SamplingConfig  # noqa: E402
 
 TOL = 1e-4
 VOCAB = 101
@@ -130,6 +132,22 @@ def test_cached_decode_matches_transformers(pair):
         logits, cache = extend(state, jnp.asarray(step), jnp.ones(2, jnp.int32), jnp.asarray(offsets), cache)
         assert _max_diff(logits[:, 0], ref[np.arange(2), offsets]) <= TOL
         offsets += 1
+
+
+def test_greedy_generate_matches_transformers_past_the_window(pair):
+    """bmrl.generate (a shared prefix, prompt prefill, cached decode in a while loop, blocks of 4 keys)
+    picks transformers' greedy tokens for 14 steps, to position 19, past the window of 6."""
+    model, _, torch_model = pair
+    if model.config.sliding_window is None:
+        pytest.skip("no window: tests/test_generate.py checks generate against the full forward")
+    tokens = _tokens((2, 6), seed=7)
+    out = generate(model, tokens[:, 2:], prefix=tokens[0, :2].tolist(), max_new_tokens=14, key=jax.random.key(0),
+                   sampling=SamplingConfig(temperature=0.0), block_size=4)
+    joined = np.concatenate([np.repeat(tokens[:1, :2], 2, axis=0), tokens[:, 2:]], axis=1)
+    with torch.no_grad():
+        ref = torch_model.generate(torch.tensor(joined, dtype=torch.long), max_new_tokens=14, min_new_tokens=14,
+                                   do_sample=False, pad_token_id=0)
+    np.testing.assert_array_equal(np.asarray(out.tokens), ref[:, 6:].numpy())
 
 
 @pytest.mark.parametrize("case", ["qwen2_gqa_tied", "gemma3_local_rope_scaled"])
