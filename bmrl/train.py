@@ -187,6 +187,8 @@ def train(cfg, *, progress: bool | None = None, run: policy_lib.Run | None = Non
     plan = memory_lib.plan_for_config(cfg, policy.config, mesh, optimizer)
     if jax.process_index() == 0:
         print(plan.table(), flush=True)
+        for note in fmt.notes:  # where the trained context differs from the chat template's rendering
+            print(f"bmrl train: format: {note}", flush=True)
     plan.check()  # MemoryPlanError (a ConfigError, exit 2) before anything big is allocated
     params, opt_state, (param_sh, opt_sh) = place_learner(optimizer, params, mesh)
     ref_params = jax.tree.map(jnp.copy, params) if t.kl_coef > 0 else None

@@ -11,6 +11,7 @@ FAMILY = Family(
     attention_bias=None,
     o_proj_bias=True,
     tie_word_embeddings=True,
+    hidden_divisible_by_heads=True,  # Gemma2Config / Gemma3TextConfig require it (head_dim is free)
     norm_offset=1.0,
     sandwich_norms=True,
     embed_scale=True,
