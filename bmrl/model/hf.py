@@ -354,7 +354,9 @@ def from_pretrained(
             raise CheckpointError(
                 f"Tokenizer files in {str(path)!r} ({', '.join(present)}) could not be loaded: {e}"
             ) from e
-        if len(tokenizer) > cfg.vocab_size:  # ids past the embedding would be clamped silently under jit
+        vocab = tokenizer.get_vocab()
+        past = {t for t, i in vocab.items() if i >= cfg.vocab_size} - set(cfg.family.tokens_past_vocab)
+        if len(tokenizer) > cfg.vocab_size and past:  # ids past the embedding would be clamped silently under jit
             raise CheckpointError(
                 f"The tokenizer in {str(path)!r} ({', '.join(present)}) has {len(tokenizer)} tokens, more than "
                 f"config.json's vocab_size={cfg.vocab_size}: save the model and tokenizer together."

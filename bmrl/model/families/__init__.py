@@ -65,6 +65,8 @@ class Family:
     unsupported: tuple[tuple[str, Any, str], ...] = ()
     tensor_names: TensorNames = TensorNames()
     ignored_tensors: tuple[str, ...] = ("rotary_emb.inv_freq",)  # buffers old exports carry; skipped
+    # Tokenizer tokens with ids past the embedding that text never produces (Gemma 3's image placeholder).
+    tokens_past_vocab: tuple[str, ...] = ()
 
     def problems(self, cfg: Any) -> list[str]:
         """What `cfg` (a `ModelConfig` of this family) breaks of the family's rules, with the fix."""

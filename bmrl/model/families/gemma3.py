@@ -18,4 +18,5 @@ FAMILY = dataclasses.replace(
     sliding_pattern=6,
     rope_per_layer_type=True,
     unsupported=(("use_bidirectional_attention", False, "bidirectional attention is not implemented"),),
+    tokens_past_vocab=("<image_soft_token>",),  # id 262144 in Gemma 3's tokenizer: images only, past the text vocab
 )
