@@ -262,9 +262,9 @@ def test_chunked_policy_logprobs_apply_the_final_softcap(monkeypatch):
                                         final_logit_softcapping=0.05, sliding_window=3), seed=1)
     tokens = jnp.asarray(np.random.default_rng(7).integers(0, 13, (2, 6)), jnp.int32)
     graphdef, params = nnx.split(model)
-    want = lp.token_logprobs_and_entropy(model(tokens) / 0.7, tokens)
+    want = jax.jit(lambda p: lp.token_logprobs_and_entropy(nnx.merge(graphdef, p)(tokens) / 0.7, tokens))(params)
     monkeypatch.setattr(step, "CHUNKED_VOCAB", 8)
-    got = step.policy_token_logprobs(graphdef, params, tokens, jnp.asarray([6, 6]), 0.7)
+    got = jax.jit(lambda p: step.policy_token_logprobs(graphdef, p, tokens, jnp.asarray([6, 6]), 0.7))(params)
     close(got[0], want[0])
     close(got[1], want[1])
 
