@@ -105,13 +105,13 @@ class Attention(nnx.Module):
         if cfg.family.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq)
-        options = dict(scale=cfg.attention_scale, softcap=cfg.attn_logit_softcapping)
+        scale, softcap = cfg.attention_scale, cfg.attn_logit_softcapping
         if cache is None:
-            return self.o_proj(attend(q, k, v, mask, **options)), None
+            return self.o_proj(attend(q, k, v, mask, scale, softcap)), None
         cache = (write_cache(cache[0], k, write_index, cache_rows), write_cache(cache[1], v, write_index, cache_rows))
         cache_positions = positions if shared is None else positions - shared[0].shape[2]
-        out = attend_cache(q, *cache, cache_positions, bound, block_size, shared, cache_rows, window=self.window,
-                           **options)
+        out = attend_cache(q, *cache, cache_positions, bound, block_size, shared, cache_rows, scale, softcap,
+                           self.window)
         return self.o_proj(out), cache
 
 
