@@ -1,6 +1,7 @@
 """The accelerator path, measured: decode, rollout and one train step of a Qwen2.5-0.5B-shaped policy.
 
     python bench/device.py               # on a GPU/TPU: Qwen2.5-0.5B shape, bfloat16, batch 256, 16 turns x 32 tokens
+    python bench/device.py --family gemma3_text   # another family's real shape (SHAPES: Qwen3-0.6B, Gemma-3-1B, ...)
     python bench/device.py --cpu-smoke   # the same code on a tiny model on CPU (< 60 s; tests/test_device_bench.py)
 
 Random weights (the shape is what costs). Every figure is measured side by side in this one run:
@@ -42,17 +43,43 @@ TARGET_DECODE_ROOFLINE = 0.6
 TARGET_MFU = 0.4
 
 
-def qwen2_5_0_5b(dtype: str) -> ModelConfig:
-    """Qwen2.5-0.5B's architecture (494M parameters, tied embeddings, GQA 14/2)."""
-    return ModelConfig(model_type="qwen2", vocab_size=151936, hidden_size=896, intermediate_size=4864,
-                       num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2, tie_word_embeddings=True,
-                       rope_theta=1e6, max_position_embeddings=32768, param_dtype=dtype, dtype=dtype)
+# One real model's architecture per family (`--family`); Mistral-7B is cut to 8 of its 32 layers so the
+# train step (float32 Adam states) fits one device.
+SHAPES = {
+    "qwen2": ("qwen2.5-0.5b", dict(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                                   num_attention_heads=14, num_key_value_heads=2, tie_word_embeddings=True,
+                                   rope_theta=1e6, max_position_embeddings=32768)),
+    "qwen3": ("qwen3-0.6b", dict(vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
+                                 num_attention_heads=16, num_key_value_heads=8, head_dim=128, tie_word_embeddings=True,
+                                 rope_theta=1e6, max_position_embeddings=40960)),
+    "llama": ("llama-3.2-1b", dict(vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+                                   num_attention_heads=32, num_key_value_heads=8, tie_word_embeddings=True,
+                                   rope_theta=5e5, max_position_embeddings=131072)),
+    "gemma3_text": ("gemma-3-1b", dict(vocab_size=262144, hidden_size=1152, intermediate_size=6912,
+                                       num_hidden_layers=26, num_attention_heads=4, num_key_value_heads=1, head_dim=256,
+                                       query_pre_attn_scalar=256, sliding_window=512, rope_theta=1e6,
+                                       rope_local_theta=1e4, max_position_embeddings=32768)),
+    "gemma2": ("gemma-2-2b", dict(vocab_size=256000, hidden_size=2304, intermediate_size=9216, num_hidden_layers=26,
+                                  num_attention_heads=8, num_key_value_heads=4, head_dim=256, query_pre_attn_scalar=256,
+                                  sliding_window=4096, attn_logit_softcapping=50.0, final_logit_softcapping=30.0,
+                                  max_position_embeddings=8192)),
+    "mistral": ("mistral-7b-v0.1-8-layers", dict(vocab_size=32000, hidden_size=4096, intermediate_size=14336,
+                                                 num_hidden_layers=8, num_attention_heads=32, num_key_value_heads=8,
+                                                 sliding_window=4096, max_position_embeddings=32768)),
+}
 
 
-def tiny(dtype: str) -> ModelConfig:
-    return ModelConfig(model_type="qwen2", vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+def family_shape(family: str, dtype: str) -> ModelConfig:
+    """The `SHAPES` architecture of `family` in `dtype`."""
+    return ModelConfig(model_type=family, **SHAPES[family][1], param_dtype=dtype, dtype=dtype)
+
+
+def tiny(dtype: str, family: str = "qwen2") -> ModelConfig:
+    """A tiny model of `family` (Gemma 2/3, Mistral and Qwen3 with a 48-key window: the smoke's contexts pass it)."""
+    window = None if family in ("qwen2", "llama") else 48
+    return ModelConfig(model_type=family, vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                        num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True, param_dtype=dtype,
-                       dtype=dtype)
+                       dtype=dtype, sliding_window=window)
 
 
 def best_time(fn, *args, repeats: int = 3) -> float:
@@ -90,9 +117,17 @@ def tree_bytes(tree) -> int:
 def kv_bytes_read(cfg: ModelConfig, batch: int, max_len: int, live: int, block: int) -> int:
     """KV-cache bytes one decode step reads when the longest row holds `live` tokens: attention reads
     whole blocks of `block` keys up to the live context (the whole buffer when block = 0 or the
-    buffer is shorter than two blocks, as `bmrl.model.attention.attend_cache` does)."""
-    keys = max_len if block <= 0 or max_len < 2 * block else min(max_len, -(-live // block) * block)
-    return 2 * cfg.num_hidden_layers * batch * keys * cfg.num_key_value_heads * cfg.head_dim * jnp.dtype(cfg.dtype).itemsize
+    buffer is shorter than two blocks, as `bmrl.model.attention.attend_cache` does); a sliding-window
+    layer starts at the block of its oldest visible key (every row at the same context)."""
+    keys = 0
+    for layer in range(cfg.num_hidden_layers):
+        if block <= 0 or max_len < 2 * block:
+            keys += max_len
+            continue
+        window = cfg.window(layer)
+        first = 0 if window is None else max(live - window, 0) // block
+        keys += min(max_len, -(-live // block) * block) - first * block
+    return 2 * batch * keys * cfg.num_key_value_heads * cfg.head_dim * jnp.dtype(cfg.dtype).itemsize
 
 
 def bench_decode(graphdef, params, batch: int, max_len: int, context: int, steps: int, bandwidth: float,
@@ -222,7 +257,7 @@ def bench_train_step(graphdef, params, traj, mesh, matmul: float, memory_gb: flo
     step_s = min(times)
     n = num_params(nnx.merge(graphdef, params))
     tokens = batch * seq
-    flops = tokens * (6 * n + 12 * mcfg.num_hidden_layers * mcfg.hidden_size * seq)
+    flops = tokens * (6 * n + 12 * mcfg.num_hidden_layers * mcfg.num_attention_heads * mcfg.head_dim * seq)
     return {"train_compile_s": round(compile_s, 2), "train_step_s": round(step_s, 3),
             "train_tokens_per_s": round(tokens / step_s, 1), "train_microbatches": micro, "train_remat": remat,
             "train_model_tflops": round(flops / step_s / 1e12, 3), "mfu": round(flops / step_s / matmul, 3),
@@ -242,6 +277,9 @@ def main(argv: list[str] | None = None) -> dict:
                     help="attention blocks (keys; 0 = the whole buffer) to time decode at besides the rollout's "
                          "(each: two more compiles; e.g. 128,256,512,0)")
     ap.add_argument("--device-memory-gb", type=float, default=0.0, help="override the device memory for the plan")
+    ap.add_argument("--family", default="qwen2", choices=sorted(SHAPES),
+                    help="the model family whose real shape to run (" + ", ".join(
+                        f"{k}: {v[0]}" for k, v in sorted(SHAPES.items())) + "); with --cpu-smoke a tiny one")
     args = ap.parse_args(argv)
     smoke = args.cpu_smoke
     if smoke:
@@ -251,14 +289,15 @@ def main(argv: list[str] | None = None) -> dict:
     reply = args.reply or (4 if smoke else 32)
     steps = args.decode_steps or (8 if smoke else 64)
     dtype = "float32" if smoke else "bfloat16"
-    mcfg = tiny(dtype) if smoke else qwen2_5_0_5b(dtype)
+    mcfg = tiny(dtype, args.family) if smoke else family_shape(args.family, dtype)
 
     from bmrl.parallel import MeshConfig, make_mesh, shard_params
 
     mesh = make_mesh(MeshConfig(data=-1))
     device = jax.devices()[0]
     out = {"bench": "device", "backend": jax.default_backend(), "device": str(device.device_kind),
-           "devices": jax.device_count(), "model": "tiny" if smoke else "qwen2.5-0.5b-shape", "dtype": dtype,
+           "devices": jax.device_count(), "model": "tiny" if smoke else f"{SHAPES[args.family][0]}-shape",
+           "family": args.family, "dtype": dtype,
            "batch": batch, "turns": turns, "reply_tokens": reply}
     bandwidth = copy_bandwidth((16 if smoke else 2048) * 2**20)
     matmul = matmul_flops(256 if smoke else 8192, jnp.float32 if smoke else jnp.bfloat16)

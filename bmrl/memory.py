@@ -91,7 +91,10 @@ def device_capacity(override_gb: float = 0.0) -> tuple[int, str]:
 def activation_bytes(mcfg: Any, rows: int, seq: int, tensor: int = 1, remat: bool = False) -> int:
     """Estimated bytes the update keeps for the backward pass on one device: `rows` sequences of `seq`
     tokens through every layer (inputs, norms, q/k/v, attention scores and probabilities, MLP), plus
-    the log-prob head. With `remat`, each layer keeps only its input and one layer is live at a time."""
+    the log-prob head. With `remat`, each layer keeps only its input and one layer is live at a time.
+    Per family: Gemma's sandwich norms, Qwen3/Gemma 3's q/k norms and Gemma 2's soft-capped scores and
+    logits add their tensors; a sliding window saves nothing here (the full forward masks, it does
+    not drop, so the scores stay [seq, seq])."""
     b = jnp.dtype(mcfg.dtype).itemsize
     hidden, inter, heads, kv, hd = (mcfg.hidden_size, mcfg.intermediate_size, mcfg.num_attention_heads,
                                     mcfg.num_key_value_heads, mcfg.head_dim)
@@ -101,14 +104,23 @@ def activation_bytes(mcfg: Any, rows: int, seq: int, tensor: int = 1, remat: boo
         + 2 * (heads + 2 * kv) * hd * b / tensor  # q, k, v before and after RoPE
         + heads * seq * (4 + b) / tensor  # attention scores (float32) and probabilities
         + heads * hd * b / tensor + hidden * b  # attention output, o_proj output
-        + 4 * inter * b / tensor + hidden * b  # gate, up, silu, product; down output
+        + 4 * inter * b / tensor + hidden * b  # gate, up, silu (GeGLU: gelu), product; down output
     )
+    family = getattr(mcfg, "family", None)
+    if family is not None and family.sandwich_norms:  # Gemma: two more RMSNorms per layer
+        per_token_layer += 2 * hidden * (b + 4)
+    if family is not None and family.qk_norm:  # Qwen3, Gemma 3: q and k normed per head (float32 inside)
+        per_token_layer += (heads + kv) * hd * (b + 4) / tensor
+    if getattr(mcfg, "attn_logit_softcapping", None):  # tanh-capped scores kept beside the raw ones
+        per_token_layer += heads * seq * 4 / tensor
     tokens = rows * seq
     layers = mcfg.num_hidden_layers
     body = (layers * hidden * b + per_token_layer) * tokens if remat else layers * per_token_layer * tokens
     vocab = mcfg.vocab_size
     chunk = 128 if vocab > 8192 else seq  # bmrl.learn.step chunks the log-probs of large vocabularies
-    head = rows * chunk * vocab * 4 * 3 + tokens * hidden * 4  # logits, log-softmax, its gradient; final hidden
+    capped = 1 if getattr(mcfg, "final_logit_softcapping", None) else 0  # Gemma 2: tanh-capped logits too
+    # logits (and their capped copy), log-softmax, its gradient; final hidden
+    head = rows * chunk * vocab * 4 * (3 + capped) + tokens * hidden * 4
     return int(body + head)
 
 

@@ -36,7 +36,9 @@ DEFAULT_RULES: tuple[tuple[str, P], ...] = (
     (r"(q_proj|k_proj|v_proj)/bias$", P("tensor")),  # follows the kernel's output axis
     (r"(o_proj|down_proj|gate_proj|up_proj)/bias$", P()),  # [hidden]-sized: replicated
     (r"lm_head/kernel$", P("fsdp", "tensor")),  # untied head [hidden, vocab]
-    (r"(^|/)(input_layernorm|post_attention_layernorm|norm)/weight$", P()),  # RMSNorm scales: replicated
+    # RMSNorm scales (Gemma's sandwich norms, Qwen3/Gemma 3's per-head q/k norms): replicated
+    (r"(^|/)(input_layernorm|post_attention_layernorm|pre_feedforward_layernorm|post_feedforward_layernorm|norm"
+     r"|q_norm|k_norm)/weight$", P()),
 )
 
 

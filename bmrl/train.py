@@ -187,6 +187,8 @@ class Trainer:
         plan = memory_lib.plan_for_config(cfg, policy.config, self.mesh, optimizer)
         if jax.process_index() == 0:
             print(plan.table(), flush=True)
+            for note in self.run.fmt.notes:  # where the trained context differs from the chat template's rendering
+                print(f"bmrl train: format: {note}", flush=True)
         plan.check()  # MemoryPlanError (a ConfigError, exit 2) before anything big is allocated
         params, opt_state, self.shardings = place_learner(optimizer, params, self.mesh)
         self.ref_params = jax.tree.map(jnp.copy, params) if t.kl_coef > 0 else None

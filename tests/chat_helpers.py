@@ -53,6 +53,48 @@ GEMMA_TEMPLATE = (
     r"{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}"
 )
 
+# Qwen3's template without the tool branches: no default system message; assistant turns before the
+# last user query lose their reasoning (content after "</think>", left-stripped of newlines).
+QWEN3_TEMPLATE = (
+    r"{%- if messages[0].role == 'system' %}{{- '<|im_start|>system\n' + messages[0].content + '<|im_end|>\n' }}"
+    r"{%- endif %}"
+    r"{%- set ns = namespace(last_query_index=messages|length - 1, found=false) %}"
+    r"{%- for message in messages[::-1] %}{%- set index = (messages|length - 1) - loop.index0 %}"
+    r"{%- if not ns.found and message.role == 'user' %}{%- set ns.found = true %}"
+    r"{%- set ns.last_query_index = index %}{%- endif %}{%- endfor %}"
+    r"{%- for message in messages %}{%- set content = message.content %}"
+    r"{%- if message.role == 'user' or (message.role == 'system' and not loop.first) %}"
+    r"{{- '<|im_start|>' + message.role + '\n' + content + '<|im_end|>' + '\n' }}"
+    r"{%- elif message.role == 'assistant' %}{%- set reasoning_content = '' %}"
+    r"{%- if '</think>' in content %}"
+    r"{%- set reasoning_content = content.split('</think>')[0].rstrip('\n').split('<think>')[-1].lstrip('\n') %}"
+    r"{%- set content = content.split('</think>')[-1].lstrip('\n') %}{%- endif %}"
+    r"{%- if loop.index0 > ns.last_query_index and (loop.last or reasoning_content) %}"
+    r"{{- '<|im_start|>' + message.role + '\n<think>\n' + reasoning_content.strip('\n') + '\n</think>\n\n'"
+    r" + content.lstrip('\n') }}"
+    r"{%- else %}{{- '<|im_start|>' + message.role + '\n' + content }}{%- endif %}"
+    r"{{- '<|im_end|>\n' }}{%- endif %}{%- endfor %}"
+    r"{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}"
+    r"{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\n\n</think>\n\n' }}{%- endif %}"
+    r"{%- endif %}"
+)
+
+# Gemma 3's template for text: a system message becomes the start of the first user turn (its text and
+# a blank line), "model" for the assistant, contents trimmed.
+GEMMA3_TEMPLATE = (
+    r"{{ bos_token }}{%- if messages[0]['role'] == 'system' -%}"
+    r"{%- set first_user_prefix = messages[0]['content'] + '\n\n' -%}{%- set loop_messages = messages[1:] -%}"
+    r"{%- else -%}{%- set first_user_prefix = '' -%}{%- set loop_messages = messages -%}{%- endif -%}"
+    r"{%- for message in loop_messages -%}"
+    r"{%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}"
+    r"{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{%- endif -%}"
+    r"{%- if message['role'] == 'assistant' -%}{%- set role = 'model' -%}{%- else -%}"
+    r"{%- set role = message['role'] -%}{%- endif -%}"
+    r"{{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else '') }}"
+    r"{{ message['content'] | trim }}{{ '<end_of_turn>\n' }}{%- endfor -%}"
+    r"{%- if add_generation_prompt -%}{{ '<start_of_turn>model\n' }}{%- endif -%}"
+)
+
 STYLES = {
     "qwen": (QWEN_TEMPLATE, ["<|im_start|>", "<|im_end|>", "<|endoftext|>"], {}),
     "llama3": (LLAMA3_TEMPLATE, ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"],
@@ -61,6 +103,8 @@ STYLES = {
                       ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"],
                       {"bos_token": "<|begin_of_text|>"}),
     "gemma": (GEMMA_TEMPLATE, ["<start_of_turn>", "<end_of_turn>"], {}),
+    "qwen3": (QWEN3_TEMPLATE, ["<|im_start|>", "<|im_end|>", "<|endoftext|>"], {}),
+    "gemma3": (GEMMA3_TEMPLATE, ["<bos>", "<start_of_turn>", "<end_of_turn>"], {"bos_token": "<bos>"}),
 }
 
 

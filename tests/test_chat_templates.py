@@ -105,6 +105,43 @@ def test_template_without_system_role_gets_the_system_prompt_in_the_first_user_t
     np.testing.assert_array_equal(template_ids(tok, msgs, add_generation_prompt=True)["input_ids"], stream)
 
 
+@pytest.mark.parametrize("system_prompt", [None, "Be brief."])
+@pytest.mark.parametrize("style", ["qwen3", "gemma3"])
+def test_qwen3_and_gemma3_fragments_equal_the_template_over_three_turns(style, system_prompt):
+    """The fragments around three observations and two replies (then the generation prompt) are the
+    template's tokens of the same conversation with the system message (Gemma 3: joined to the first
+    user turn, as its template does), with and without a system-prompt preamble. Qwen3 with think_answer:
+    equal once the reasoning of the replies before the last user turn is dropped, which the template
+    does and the rollout does not (named in `Format.notes`)."""
+    tok = chat_tokenizer(style)
+    obs = ["Position 0. Exit at 3.", "You hit a wall.\nPosition 0.", "Position 1. Exit at 3."]
+    for reply_format, replies in (("action", ["left", "right"]),
+                                  ("think_answer", ["<think>I go.</think>\n<answer>left</answer>",
+                                                    "<think>Next move now.</think>\n<answer>right</answer>"])):
+        fmt = chat_format(tok, "Walk to the exit.", reply_format=reply_format, system_prompt=system_prompt)
+        assert fmt.system.startswith(system_prompt or "Walk")
+        parts, kept = [fmt.prefix], [fmt.prefix]
+        for t, o in enumerate(obs):
+            turn = [fmt.obs_open, tok.encode(o), fmt.obs_close]
+            parts += turn
+            kept += turn
+            if t < len(replies):
+                closing = [fmt.stop_ids, fmt.reply_close]
+                parts += [tok.encode(replies[t]), *closing]
+                kept += [tok.encode(replies[t].split("</think>\n")[-1]), *closing]
+        msgs = [{"role": "system", "content": fmt.system}]
+        for t, o in enumerate(obs):
+            msgs += [{"role": "user", "content": o}] + ([{"role": "assistant", "content": replies[t]}] if t < 2 else [])
+        want = template_ids(tok, msgs, add_generation_prompt=True)["input_ids"]
+        rewrites = style == "qwen3" and reply_format == "think_answer"
+        np.testing.assert_array_equal(want, np.concatenate(kept if rewrites else parts))
+        assert rewrites == any("rewrites think_answer replies" in n for n in fmt.notes)
+        if rewrites:
+            assert len(np.concatenate(parts)) > len(want)  # the rollout's context: the reasoning kept
+    if style == "gemma3":
+        assert _text(tok, fmt.prefix) == f"<bos><start_of_turn>user\n{fmt.system}\n\n" and len(fmt.obs_open) == 0
+
+
 def test_refuses_templates_it_cannot_reproduce():
     plain = chat_tokenizer(None)
     with pytest.raises(ChatFormatError, match="no chat template"):

@@ -44,3 +44,27 @@ def test_decode_bytes_follow_the_blocks_read():
     assert kv_bytes_read(cfg, 1, 1024, 65, 0) == 1024 * per_key  # block 0: the whole buffer
     assert kv_bytes_read(cfg, 1, 100, 10, 64) == 100 * per_key  # a buffer under two blocks is read whole
     assert kv_bytes_read(cfg, 1, 1000, 999, 256) == 1000 * per_key  # never past the buffer
+    windowed = tiny("float32", "gemma2")  # layer 0 slides over 48 keys, layer 1 sees all
+    assert windowed.layer_types == ("sliding_attention", "full_attention")
+    per_layer_key = per_key // 2
+    assert kv_bytes_read(windowed, 1, 1024, 130, 64) == (192 + 128) * per_layer_key  # blocks 1-2 / 0-2
+
+
+def test_every_family_has_a_device_shape():
+    """`--family`: each registered family's real shape builds (shapes only) with the parameter count of its model."""
+    import jax
+    from flax import nnx
+
+    from bmrl.model import FAMILIES, Decoder
+
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    from device import SHAPES, family_shape
+
+    assert set(SHAPES) == set(FAMILIES)
+    counts = {}
+    for family in SHAPES:
+        cfg = family_shape(family, "bfloat16")
+        counts[family] = sum(x.size for x in jax.tree.leaves(nnx.state(nnx.eval_shape(
+            lambda cfg=cfg: Decoder(cfg, rngs=nnx.Rngs(0))))))
+    assert round(counts["qwen3"] / 1e6, 1) == 596.0 and round(counts["gemma3_text"] / 1e6, 1) == 999.9
+    assert round(counts["gemma2"] / 1e9, 2) == 2.61 and round(counts["qwen2"] / 1e6, 1) == 494.0

@@ -250,6 +250,25 @@ def test_chunked_matches_full(chunk_size):
     close(g_chunk[1], g_full[1], tol=1e-4)
 
 
+def test_chunked_policy_logprobs_apply_the_final_softcap(monkeypatch):
+    """The learner's chunked path (large vocabularies) caps the logits as the model does (Gemma 2),
+    then divides by the temperature: the same log-probs as the full forward."""
+    from flax import nnx
+
+    from bmrl.learn import step
+    from bmrl.model import ModelConfig, init_model
+
+    model = init_model(ModelConfig.tiny(13, model_type="gemma2", hidden_size=16, num_hidden_layers=1,
+                                        final_logit_softcapping=0.05, sliding_window=3), seed=1)
+    tokens = jnp.asarray(np.random.default_rng(7).integers(0, 13, (2, 6)), jnp.int32)
+    graphdef, params = nnx.split(model)
+    want = jax.jit(lambda p: lp.token_logprobs_and_entropy(nnx.merge(graphdef, p)(tokens) / 0.7, tokens))(params)
+    monkeypatch.setattr(step, "CHUNKED_VOCAB", 8)
+    got = jax.jit(lambda p: step.policy_token_logprobs(graphdef, p, tokens, jnp.asarray([6, 6]), 0.7))(params)
+    close(got[0], want[0])
+    close(got[1], want[1])
+
+
 def test_logprob_shape_errors():
     with pytest.raises(ValueError, match="disagree"):
         lp.token_logprobs(jnp.zeros((2, 5, 3)), jnp.zeros((2, 4), jnp.int32))

@@ -56,8 +56,17 @@ def run_steps(mcfg, cfg, tx, steps=2, traj_seed=0):
     return np.array(losses), flat(jax.tree.map(lambda x: x.astype(jnp.float32), params)).astype(np.float64)
 
 
-def test_plan_bytes_are_exact_on_one_device():
-    mcfg = model_cfg(tie_word_embeddings=False, model_type="qwen2")
+@pytest.mark.parametrize("family", [
+    dict(model_type="qwen2"),
+    dict(model_type="qwen3", head_dim=16),  # q/k norms, head_dim != hidden / heads
+    dict(model_type="gemma2", sliding_window=4, attn_logit_softcapping=50.0, final_logit_softcapping=30.0),
+    dict(model_type="gemma3_text", sliding_window=4),  # sandwich norms and q/k norms
+])
+def test_plan_bytes_are_exact_on_one_device(family):
+    mcfg = model_cfg(tie_word_embeddings=False, **family)
+    if family["model_type"] != "qwen2":  # each family's extra tensors (norms, capped scores) in the estimate
+        plain = model_cfg(tie_word_embeddings=False, model_type="llama", head_dim=mcfg.head_dim)
+        assert activation_bytes(mcfg, B, L) > activation_bytes(plain, B, L)
     mesh = make_mesh(MeshConfig(1, 1, 1), devices=jax.devices()[:1])
     tx = make_optimizer(1e-3, total_steps=10, master_f32=True)
     plan = plan_memory(mcfg, mesh, tx, rollout_batch=6, max_len=40, update_rows=4, device_memory_gb=1.0)

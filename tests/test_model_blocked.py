@@ -11,7 +11,7 @@ import pytest
 from flax import nnx
 
 from bmrl import compiles
-from bmrl.model import init_model
+from bmrl.model import ModelConfig, init_model
 from bmrl.model.attention import attend, attend_cache
 from tests.test_model_cache import (  # the cache tests' model: GQA, biases, llama3 rope
     CONFIG,
@@ -20,9 +20,22 @@ from tests.test_model_cache import (  # the cache tests' model: GQA, biases, lla
 )
 
 
+# Gemma 3's layout with a sliding window of 5 on layer 0 (its own RoPE base) and soft-capped scores:
+# windowed blocks (the loop starting past blocks no query sees) and a shared prefix partly out of sight.
+WINDOWED = ModelConfig.tiny(VOCAB, model_type="gemma3_text", hidden_size=32, num_attention_heads=4,
+                            num_key_value_heads=2, sliding_window=5, rope_local_theta=100.0,
+                            attn_logit_softcapping=2.0, layer_types=("sliding_attention", "full_attention"))
+
+
 @pytest.fixture(scope="module")
 def model():
     return init_model(CONFIG, seed=3)
+
+
+@pytest.fixture(scope="module", params=["llama", "windowed"])
+def any_model(request, model):
+    """The cache tests' model, and a windowed one for the tests a window changes."""
+    return model if request.param == "llama" else init_model(WINDOWED, seed=3)
 
 
 def _tokens(shape, seed=0):
@@ -75,7 +88,8 @@ def test_cache_rows_read_and_write_the_named_rows_only(model):
         np.testing.assert_array_equal(mine[jnp.asarray([0, 2])], old[jnp.asarray([0, 2])])
 
 
-def test_blocked_extend_equals_full_and_each_sequence_alone(model):
+def test_blocked_extend_equals_full_and_each_sequence_alone(any_model):
+    model = any_model
     """Ragged prefill chunks, ragged per-row offsets, then decode: block sizes 4 and 5 (the latter
     not dividing max_len) give the logits and cache of whole-buffer attention and of each row alone."""
     graphdef, state = nnx.split(model)
@@ -165,7 +179,8 @@ def test_decode_step_neither_copies_nor_transposes_the_cache_and_donates_it(mode
     assert not any(x.is_deleted() for x in jax.tree_util.tree_leaves(new_cache))
 
 
-def test_shared_prefix_cache_equals_the_prefix_in_every_row(model):
+def test_shared_prefix_cache_equals_the_prefix_in_every_row(any_model):
+    model = any_model
     """`extend(shared=)`: a prefix prefilled once at batch 1 and read by every row gives the logits of
     each row holding the prefix in its own cache (offsets then count from the prefix's end)."""
     graphdef, state = nnx.split(model)

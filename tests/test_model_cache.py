@@ -227,7 +227,7 @@ def test_bfloat16_compute_is_close_to_float32():
         (dict(model_type="qwen2", head_dim=8), r"hidden_size == num_attention_heads \* head_dim"),
         (dict(model_type="qwen2", attention_bias=False), "q/k/v biases"),
         (dict(model_type="gpt2"), "'gpt2' is not supported; supported: "),
-        (dict(rope_scaling={"rope_type": "yarn", "factor": 2.0}), "supported: default, llama3"),
+        (dict(rope_scaling={"rope_type": "yarn", "factor": 2.0}), "supported: default, llama3, linear"),
         (dict(rope_scaling={"rope_type": "llama3", "factor": 8.0}), "lacks low_freq_factor"),
         (dict(head_dim=7), "even"),
         (dict(dtype="int8"), "dtype"),

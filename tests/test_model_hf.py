@@ -152,7 +152,7 @@ def test_unsupported_model_type_names_the_supported_ones(copy):
         (
             dict(rope_parameters={"rope_type": "yarn", "factor": 2.0, "rope_theta": 1e4,
                                   "original_max_position_embeddings": 64}),
-            "'yarn' is not supported; supported: default, llama3",
+            "'yarn' is not supported; supported: default, llama3, linear",
         ),
     ],
 )
@@ -201,3 +201,19 @@ def test_config_from_hf_rejects_unsupported_features():
     with pytest.raises(ValueError, match="mlp_bias"):
         config_from_hf(LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                                    num_attention_heads=4, mlp_bias=True))
+
+
+def test_gemma3_tokenizer_may_hold_its_image_token_past_the_vocabulary(tmp_path):
+    """Gemma 3's tokenizer has `<image_soft_token>` at id 262144, one past the text vocabulary: loaded
+    (text never produces it); any other token past the embedding is still refused."""
+    tok = train_tiny_tokenizer(TEXTS, vocab_size=300)
+    cfg = ModelConfig.tiny(len(tok), model_type="gemma3_text", hidden_size=16, num_hidden_layers=1,
+                           num_attention_heads=2, num_key_value_heads=1)
+    tok.add_special_tokens({"additional_special_tokens": ["<image_soft_token>"]})
+    save_pretrained(init_model(cfg, seed=0), tok, tmp_path)
+    _, loaded = from_pretrained(tmp_path)
+    assert len(loaded) == cfg.vocab_size + 1
+    tok.add_special_tokens({"additional_special_tokens": ["<image_soft_token>", "<other>"]})
+    save_pretrained(init_model(cfg, seed=0), tok, tmp_path)
+    with pytest.raises(CheckpointError, match="more than config.json's vocab_size"):
+        from_pretrained(tmp_path)

@@ -67,12 +67,15 @@ INTENDED = {
     "o_proj/kernel": P("tensor", "fsdp"), "down_proj/kernel": P("tensor", "fsdp"),
     "q_proj/bias": P("tensor"), "k_proj/bias": P("tensor"), "v_proj/bias": P("tensor"), "o_proj/bias": P(),
     "input_layernorm/weight": P(), "post_attention_layernorm/weight": P(), "norm/weight": P(),
+    "pre_feedforward_layernorm/weight": P(), "post_feedforward_layernorm/weight": P(),  # Gemma's sandwich norms
+    "q_norm/weight": P(), "k_norm/weight": P(),  # Qwen3 / Gemma 3 per-head q/k norms
 }
 
 
 @pytest.mark.parametrize("arch", [
     dict(model_type="llama", tie_word_embeddings=False, attention_bias=True),  # o_proj bias too
     dict(model_type="qwen2", tie_word_embeddings=True),  # q/k/v biases, tied head
+    dict(model_type="gemma3_text", tie_word_embeddings=True, attention_bias=True),  # sandwich and q/k norms
 ])
 def test_every_parameter_has_its_intended_rule(arch):
     """No parameter falls through: each matches the rule meant for its kind (there is no catch-all),

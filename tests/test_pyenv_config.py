@@ -199,3 +199,43 @@ def test_broken_entry_exits_2_before_anything_is_written(case, tmp_path, monkeyp
     err = capsys.readouterr().err
     assert exc.value.code == 2 and f"config error: {key}" in err and module in err, err
     assert "Traceback" not in err and not (tmp_path / "out").exists()
+
+
+JAX_CONFIG = """\
+seed: 0
+model: {hidden_size: 32, intermediate_size: 64, num_hidden_layers: 1, num_attention_heads: 2, num_key_value_heads: 1}
+env: {name: corridor, options: {length: 3}}
+data: {train_size: 32, val_size: 4, test_size: 4}
+budget: {kind: fixed, budgets: [3]}
+rollout: {max_turns: 3, max_reply_tokens: 3, max_len: 192}
+train: {steps: 2, tasks_per_step: 2, group_size: 2}
+eval: {ts: [3], ks: [1], attempts: 1, num_tasks: 4, mode: truncate, bootstrap: 0, probe_states: 4}
+checkpoint: {every: 2, keep: 1}
+"""
+
+
+# Every new family through `bmrl train`, each kind of env twice. The model is called the same way by both
+# kinds (tests/test_host_rollout.py), so the rest of the cross product (each ~25-70 s on 2 cores) would add
+# little coverage: add ("qwen3", "python"), ("gemma3_text", "jax"), ("mistral", "jax"), ("gemma2", "python")
+# for the full one.
+TRAIN_RUNS = [("qwen3", "jax"), ("gemma3_text", "python"), ("mistral", "python"), ("gemma2", "jax")]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family, kind", TRAIN_RUNS)
+def test_every_family_trains(family, kind, tmp_path, monkeypatch):
+    """`bmrl train` runs 2 RL steps of a tiny model of the family (sliding window 8, shorter than the
+    contexts) on the compiled corridor or a Python env, and saves a policy of that family."""
+    if kind == "python":
+        path = _write(tmp_path, f"pyenvcfg_{family}", tasks=[t for t in TASKS if "boom" not in t])
+    else:
+        path = str(tmp_path / "jax.yaml")
+        (tmp_path / "jax.yaml").write_text(JAX_CONFIG)
+    monkeypatch.chdir(tmp_path)
+    args = ["train", "--config", path, "out_dir=run", f"model.model_type={family}", "model.sliding_window=8"]
+    assert main([*args, "--no-progress"]) == 0
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    losses = [r["train/loss"] for r in records if "train/loss" in r]
+    assert len(losses) == 2 and np.isfinite(losses).all()
+    saved = json.loads((tmp_path / "run" / "policy" / "config.json").read_text())
+    assert saved["model_type"] == family and saved["sliding_window"] == 8

@@ -113,6 +113,12 @@ REAL = {
     "llama3_2_1b_toolchain.yaml": (dict(model_type="llama", vocab_size=128256, hidden_size=2048, intermediate_size=8192,
                                         num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
                                         tie_word_embeddings=True), "1235.8M"),
+    "qwen3_0_6b_sokoban.yaml": (dict(model_type="qwen3", vocab_size=151936, hidden_size=1024, intermediate_size=3072,
+                                     num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8, head_dim=128,
+                                     tie_word_embeddings=True), "596.0M"),
+    "gemma3_1b_tools.yaml": (dict(model_type="gemma3_text", vocab_size=262144, hidden_size=1152, intermediate_size=6912,
+                                  num_hidden_layers=26, num_attention_heads=4, num_key_value_heads=1, head_dim=256,
+                                  sliding_window=512, rope_local_theta=10000.0), "999.9M"),
 }
 
 

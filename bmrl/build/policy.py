@@ -74,6 +74,7 @@ def model_config(cfg: Config, tokenizer):
             num_attention_heads=m.num_attention_heads,
             num_key_value_heads=m.num_key_value_heads,
             rope_theta=m.rope_theta,
+            sliding_window=m.sliding_window,
             max_position_embeddings=max(2048, cfg.rollout.max_len),
             param_dtype=m.param_dtype,
             dtype=m.dtype,

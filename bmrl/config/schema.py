@@ -27,7 +27,7 @@ class ModelCfg:
     """The policy: a local Hugging Face directory, or a tiny decoder trained from scratch."""
 
     path: Optional[str] = None  # local HF directory; null = tiny model + tiny tokenizer from scratch
-    model_type: str = "llama"  # tiny model architecture: llama | qwen2 (ignored with path)
+    model_type: str = "llama"  # tiny model architecture: a family in bmrl.model.families, e.g. llama | qwen2 | qwen3 | mistral | gemma2 | gemma3_text (ignored with path)
     vocab_size: int = 384  # tiny tokenizer's vocabulary (trained on the environments' text)
     hidden_size: int = 64  # tiny model width
     intermediate_size: int = 192  # tiny model MLP width
@@ -35,6 +35,7 @@ class ModelCfg:
     num_attention_heads: int = 4  # query heads; must divide hidden_size
     num_key_value_heads: int = 2  # key/value heads (GQA); must divide num_attention_heads
     rope_theta: float = 10000.0  # RoPE base frequency
+    sliding_window: Optional[int] = None  # tiny model: sliding-window attention on the family's layers (Gemma: all but every 2nd/6th; others: all); null = none
     param_dtype: str = "float32"  # parameter storage dtype: float32 | bfloat16
     dtype: str = "float32"  # compute dtype: float32 | bfloat16
 

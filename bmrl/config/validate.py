@@ -24,6 +24,7 @@ from bmrl.config.schema import (
     ModelCfg,
     OptimCfg,
 )
+from bmrl.model.families import SUPPORTED_MODEL_TYPES
 
 FLOAT32_MAX = 3.4028234663852886e38
 INT_MAX = 2**31 - 1  # int fields end up in int32 arrays (caps, sizes, steps)
@@ -271,9 +272,9 @@ def _check_model(m: ModelCfg) -> None:
         if not m.path.strip():
             raise ConfigError("model.path", "is empty; give a local Hugging Face directory or null for a tiny model.")
         return
-    from bmrl.model.families import FAMILIES  # one spec per model family
-
-    _one_of("model.model_type", m.model_type, tuple(FAMILIES))
+    _one_of("model.model_type", m.model_type, SUPPORTED_MODEL_TYPES)
+    if m.sliding_window is not None and m.sliding_window <= 0:
+        raise ConfigError("model.sliding_window", f"{m.sliding_window} must be a positive number of positions, or null.")
     _positive(m, "model", ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                            "num_attention_heads", "num_key_value_heads"))
     if m.hidden_size % m.num_attention_heads:

@@ -59,7 +59,8 @@ def token_logprobs_and_entropy(logits: Array, tokens: Array) -> tuple[Array, Arr
 
 
 def chunked_token_logprobs(
-    hidden: Array, unembed: Array, tokens: Array, *, chunk_size: int = 128
+    hidden: Array, unembed: Array, tokens: Array, *, chunk_size: int = 128, softcap: float | None = None,
+    temperature: float = 1.0,
 ) -> tuple[Array, Array]:
     """Log-probs and entropies from hidden states, `chunk_size` positions at a time.
 
@@ -92,6 +93,8 @@ def chunked_token_logprobs(
     def one_chunk(xs: tuple[Array, Array]) -> tuple[Array, Array]:
         h_c, t_c = xs
         logits = jnp.einsum("bcd,dv->bcv", h_c, unembed, preferred_element_type=jnp.float32)
+        if softcap is not None:  # the model's final-logit soft-capping (Gemma 2), then the temperature
+            logits = jnp.tanh(logits / softcap) * softcap / temperature
         return _logprob_entropy(logits, t_c)
 
     logp, entropy = jax.lax.map(one_chunk, (h, t))  # [num_chunks, B, chunk]

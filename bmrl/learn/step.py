@@ -68,6 +68,9 @@ def policy_token_logprobs(
     if model.config.vocab_size > CHUNKED_VOCAB:
         hidden = model.hidden_states(tokens, attention_mask=mask)
         unembed = model.embed_tokens.embedding[...].T if model.lm_head is None else model.lm_head.kernel[...]
+        cap = model.config.final_logit_softcapping
+        if cap is not None:
+            return chunked_token_logprobs(hidden, unembed.astype(jnp.float32), tokens, softcap=cap, temperature=t)
         return chunked_token_logprobs(hidden, unembed.astype(jnp.float32) / t, tokens)
     logits = model(tokens, attention_mask=mask)
     return token_logprobs_and_entropy(logits / t, tokens)

@@ -1,5 +1,5 @@
-"""The policy model: one decoder in Flax NNX for the families in `families/` (Llama, Qwen2), its KV cache,
-HF checkpoints, tokenizers."""
+"""The policy model: one decoder in Flax NNX for the families in `families/` (Llama, Qwen2, Qwen3, Mistral,
+Gemma 2, Gemma 3 text), its KV cache, HF checkpoints, tokenizers."""
 
 from bmrl.model.config import ConfigError, ModelConfig
 from bmrl.model.decoder import Decoder, KVCache, init_model, num_params

@@ -5,6 +5,11 @@ score and value contractions take their operands as stored, so a decode step nei
 transposes the cache). Attention over the cache runs in fixed-size blocks of keys with a running
 (online) softmax, the loop bounded by `bound`, the longest live row, a traced value: cost follows the
 filled context, not the buffer, and one compiled program serves every context length.
+
+Per-layer options: `scale` (the factor on q.k, head_dim**-0.5 unless the family says otherwise),
+`softcap` (scores -> softcap * tanh(scores / softcap), Gemma 2) and `window` (a sliding window: a
+query at position p sees keys at positions > p - window; older keys stay in the cache, masked, and
+the cache loop starts at the first block any query can see).
 """
 
 from __future__ import annotations
@@ -16,17 +21,28 @@ BLOCK_SIZE = 64  # keys per attention block (static; fastest measured on CPU); 0
 _MASKED = -0.7 * float(jnp.finfo(jnp.float32).max)  # finite: a fully masked row stays NaN-free
 
 
-def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
+def _scaled(scores: jax.Array, scale: float, softcap: float | None) -> jax.Array:
+    """float32 q.k scores times `scale`, then tanh soft-capped at `softcap` (None: not capped)."""
+    scores = scores * scale
+    return scores if softcap is None else jnp.tanh(scores / softcap) * softcap
+
+
+def attend(
+    q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: float | None = None,
+    softcap: float | None = None,
+) -> jax.Array:
     """Grouped-query attention over a chunk's own keys (the full forward pass).
 
     q: [batch, seq, heads, head_dim]; k, v: [batch, keys, kv_heads, head_dim];
-    mask: [batch, seq, keys] bool (True = may attend). Returns [batch, seq, heads * head_dim].
+    mask: [batch, seq, keys] bool (True = may attend; a sliding window is part of it).
+    Returns [batch, seq, heads * head_dim]. `scale` defaults to head_dim**-0.5.
     """
     batch, seq, heads, head_dim = q.shape
     kv_heads = k.shape[2]
+    scale = head_dim**-0.5 if scale is None else scale
     q = q.reshape(batch, seq, kv_heads, heads // kv_heads, head_dim)
     scores = jnp.einsum("bskgd,btkd->bkgst", q, k, preferred_element_type=jnp.float32)
-    scores = jnp.where(mask[:, None, None], scores * head_dim**-0.5, _MASKED)
+    scores = jnp.where(mask[:, None, None], _scaled(scores, scale, softcap), _MASKED)
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
     out = jnp.einsum("bkgst,btkd->bskgd", probs, v)
     return out.reshape(batch, seq, heads * head_dim)
@@ -79,8 +95,12 @@ def attend_cache(
     block_size: int = BLOCK_SIZE,
     shared: tuple[jax.Array, jax.Array] | None = None,
     cache_rows: jax.Array | None = None,
+    scale: float | None = None,
+    softcap: float | None = None,
+    window: int | None = None,
 ) -> jax.Array:
-    """Queries attend to cache keys at positions <= their own and < `bound`.
+    """Queries attend to cache keys at positions <= their own and < `bound` (and, with a sliding
+    `window`, > their own - window: the shared prefix too).
 
     q: [batch, chunk, heads, head_dim]; k_cache, v_cache: [batch, kv_heads, max_len, head_dim];
     positions: [batch, chunk] int (each query's cache position); bound: scalar int, the end of the
@@ -95,6 +115,7 @@ def attend_cache(
     batch, chunk, heads, head_dim = q.shape
     kv_heads, max_len = k_cache.shape[1], k_cache.shape[2]
     group = heads // kv_heads
+    scale = head_dim**-0.5 if scale is None else scale
     qg = _group_queries(q, kv_heads)
     qpos = jnp.tile(positions.astype(jnp.int32), (1, group))[:, None, :, None]  # [batch, 1, rows, 1]
     # One pass when the buffer holds less than two blocks: a loop step costs more than the extra keys.
@@ -107,13 +128,15 @@ def attend_cache(
         k, v = _cache_block(k_cache, first, size, cache_rows), _cache_block(v_cache, first, size, cache_rows)
         key_pos = first + jnp.arange(size, dtype=jnp.int32)
         valid = (key_pos >= start) & (key_pos < bound) & (key_pos <= qpos)  # [batch, 1, rows, size]
-        s = jnp.einsum("bkqd,bktd->bkqt", qg, k, preferred_element_type=jnp.float32) * head_dim**-0.5
-        s = jnp.where(valid, s, _MASKED)
+        if window is not None:
+            valid &= key_pos > qpos - window
+        s = jnp.einsum("bkqd,bktd->bkqt", qg, k, preferred_element_type=jnp.float32)
+        s = jnp.where(valid, _scaled(s, scale, softcap), _MASKED)
         m_new = jnp.maximum(m, s.max(axis=-1))
         p = jnp.where(valid, jnp.exp(s - m_new[..., None]), 0.0)
-        scale = jnp.exp(m - m_new)
+        decay = jnp.exp(m - m_new)
         pv = jnp.einsum("bkqt,bktd->bkqd", p.astype(v.dtype), v, preferred_element_type=jnp.float32)
-        return m_new, l * scale + p.sum(axis=-1), acc * scale[..., None] + pv
+        return m_new, l * decay + p.sum(axis=-1), acc * decay[..., None] + pv
 
     def block(j, carry):
         start = j * size
@@ -127,23 +150,36 @@ def attend_cache(
             jnp.zeros((batch, kv_heads, rows, head_dim), jnp.float32),
         )
     else:
-        init = _attend_shared(qg, *shared)
+        prefix_pos = None if window is None else qpos[:, 0, :, 0] + shared[0].shape[2]  # [batch, rows]
+        init = _attend_shared(qg, *shared, scale, softcap, window, prefix_pos)
     if size == max_len:
         _, l, acc = block(0, init)
     else:
-        _, l, acc = jax.lax.fori_loop(0, (bound + size - 1) // size, block, init)
+        # A window hides every block before the oldest key the earliest query sees.
+        first = 0 if window is None else jnp.maximum(jnp.min(positions) - window + 1, 0) // size
+        _, l, acc = jax.lax.fori_loop(first, (bound + size - 1) // size, block, init)
     out = acc / jnp.where(l > 0, l, 1.0)[..., None]
     return _ungroup(out.astype(v_cache.dtype), chunk)
 
 
-def _attend_shared(qg: jax.Array, k: jax.Array, v: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+def _attend_shared(
+    qg: jax.Array, k: jax.Array, v: jax.Array, scale: float, softcap: float | None = None,
+    window: int | None = None, positions: jax.Array | None = None,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Softmax state (max, sum, weighted values) of queries `[batch, kv_heads, rows, d]` over shared
-    keys/values `[1, kv_heads, prefix, d]`, all visible: the start of the running softmax."""
+    keys/values `[1, kv_heads, prefix, d]`, all visible (with a `window`, those > the query's
+    absolute position `positions: [batch, rows]` - window): the start of the running softmax."""
     batch, kv_heads, rows, head_dim = qg.shape
     q = qg.transpose(1, 0, 2, 3).reshape(kv_heads, batch * rows, head_dim)
-    s = jnp.einsum("kqd,ktd->kqt", q, k[0], preferred_element_type=jnp.float32) * head_dim**-0.5
-    m = s.max(axis=-1)
-    p = jnp.exp(s - m[..., None])
+    s = _scaled(jnp.einsum("kqd,ktd->kqt", q, k[0], preferred_element_type=jnp.float32), scale, softcap)
+    if window is None:
+        m = s.max(axis=-1)
+        p = jnp.exp(s - m[..., None])
+    else:
+        valid = jnp.arange(k.shape[2])[None, None, :] > positions.reshape(1, batch * rows, 1) - window
+        s = jnp.where(valid, s, _MASKED)
+        m = s.max(axis=-1)
+        p = jnp.where(valid, jnp.exp(s - m[..., None]), 0.0)
     acc = jnp.einsum("kqt,ktd->kqd", p.astype(v.dtype), v[0], preferred_element_type=jnp.float32)
 
     def per_row(x):

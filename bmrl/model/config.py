@@ -17,7 +17,9 @@ from bmrl.model.families import get_family, supported
 if TYPE_CHECKING:
     from bmrl.model.families import Family
 
-SUPPORTED_ROPE_TYPES = ("default", "llama3")
+SUPPORTED_ROPE_TYPES = ("default", "llama3", "linear")
+SUPPORTED_ACTIVATIONS = ("silu", "gelu_pytorch_tanh")  # SwiGLU, GeGLU (tanh GELU)
+LAYER_TYPES = ("full_attention", "sliding_attention")
 SUPPORTED_DTYPES = ("float32", "bfloat16", "float16")
 LLAMA3_ROPE_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 
@@ -33,9 +35,18 @@ class ModelConfig:
     `attention_bias=None` and `tie_word_embeddings=None` take the family's default (e.g. Qwen2
     always has q/k/v biases and no o_proj bias; Llama has none, and with `attention_bias=True`
     biases on q/k/v *and* o_proj, as in HF).
-    `rope_scaling` is None or a Llama-3 dict (`rope_type: "llama3"`, factor, low_freq_factor,
-    high_freq_factor, original_max_position_embeddings). `param_dtype` is the storage dtype of the
-    weights, `dtype` the compute dtype of activations and KV cache; logits are always float32.
+    `rope_scaling` is None, a Llama-3 dict (`rope_type: "llama3"`, factor, low_freq_factor,
+    high_freq_factor, original_max_position_embeddings) or linear (`rope_type: "linear"`, factor).
+    `param_dtype` is the storage dtype of the weights, `dtype` the compute dtype of activations and
+    KV cache; logits are always float32.
+
+    Attention per layer: `layer_types[i]` is "full_attention" or "sliding_attention" (a query sees
+    the `sliding_window` latest positions, itself included); None takes the family's pattern
+    (`Family.default_layer_types`: all full without a window). Sliding layers rotate with
+    `rope_local_theta` (None: `rope_theta`) and unscaled frequencies when it is set (Gemma 3), with
+    the global layers' otherwise. Scores are scaled by `query_pre_attn_scalar`**-0.5 (None:
+    head_dim) and tanh soft-capped at `attn_logit_softcapping`; logits at `final_logit_softcapping`.
+    `hidden_act=None` takes the family's (SwiGLU for Llama/Qwen/Mistral, GeGLU for Gemma).
     """
 
     model_type: str = "llama"
@@ -52,6 +63,13 @@ class ModelConfig:
     tie_word_embeddings: bool | None = None
     attention_bias: bool | None = None
     max_position_embeddings: int = 2048
+    hidden_act: str | None = None
+    sliding_window: int | None = None
+    layer_types: tuple[str, ...] | None = None
+    rope_local_theta: float | None = None
+    query_pre_attn_scalar: float | None = None
+    attn_logit_softcapping: float | None = None
+    final_logit_softcapping: float | None = None
     param_dtype: str = "float32"
     dtype: str = "float32"
 
@@ -63,6 +81,13 @@ class ModelConfig:
             object.__setattr__(self, "attention_bias", bool(family and family.attention_bias))
         if self.tie_word_embeddings is None:
             object.__setattr__(self, "tie_word_embeddings", bool(family and family.tie_word_embeddings))
+        if self.hidden_act is None:
+            object.__setattr__(self, "hidden_act", family.hidden_act if family else "silu")
+        if self.layer_types is None and family is not None and self.num_hidden_layers > 0:
+            object.__setattr__(self, "layer_types", family.default_layer_types(self.num_hidden_layers,
+                                                                             self.sliding_window))
+        elif self.layer_types is not None:
+            object.__setattr__(self, "layer_types", tuple(self.layer_types))
         if self.rope_scaling is not None:
             scaling = dict(self.rope_scaling)
             scaling.setdefault("rope_type", scaling.pop("type", "default"))  # legacy key name
@@ -113,6 +138,7 @@ class ModelConfig:
             problems.append(f"rope_theta={self.rope_theta} must be positive")
         if self.rms_norm_eps <= 0:
             problems.append(f"rms_norm_eps={self.rms_norm_eps} must be positive")
+        problems += self._attention_problems()
         problems += _rope_scaling_problems(self.rope_scaling, self.family.rope_types)
         for name in ("param_dtype", "dtype"):
             if getattr(self, name) not in SUPPORTED_DTYPES:
@@ -120,7 +146,35 @@ class ModelConfig:
         if problems:
             raise ConfigError("Invalid ModelConfig: " + "; ".join(problems) + ".")
 
+    def _attention_problems(self) -> list[str]:
+        problems = []
+        if self.hidden_act not in SUPPORTED_ACTIVATIONS:
+            problems.append(f"hidden_act={self.hidden_act!r} is not implemented; supported: "
+                            f"{', '.join(SUPPORTED_ACTIVATIONS)}")
+        if self.sliding_window is not None and (not isinstance(self.sliding_window, int) or self.sliding_window <= 0):
+            problems.append(f"sliding_window={self.sliding_window!r} must be a positive int or None")
+        types = self.layer_types or ()
+        if len(types) != self.num_hidden_layers or any(t not in LAYER_TYPES for t in types):
+            problems.append(f"layer_types={list(types)} must name {self.num_hidden_layers} layers, each one of "
+                            f"{', '.join(LAYER_TYPES)}")
+        elif "sliding_attention" in types and self.sliding_window is None:
+            problems.append("layer_types has sliding_attention layers but sliding_window is None: set the window")
+        for name in ("rope_local_theta", "query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                problems.append(f"{name}={value!r} must be positive or None")
+        return problems
+
     # ---------------------------------------------------------------- helpers
+    def window(self, layer: int) -> int | None:
+        """The sliding window of layer `layer` (None: full attention)."""
+        return self.sliding_window if self.layer_types[layer] == "sliding_attention" else None
+
+    @property
+    def attention_scale(self) -> float:
+        """The factor on q.k scores: query_pre_attn_scalar**-0.5 (Gemma), else head_dim**-0.5."""
+        return (self.query_pre_attn_scalar if self.query_pre_attn_scalar is not None else self.head_dim) ** -0.5
+
     @property
     def rope_type(self) -> str:
         return "default" if self.rope_scaling is None else self.rope_scaling.get("rope_type", "default")
@@ -187,4 +241,6 @@ def _rope_scaling_problems(rope_scaling: dict[str, Any] | None, family_types: tu
             return [f"llama3 rope_scaling lacks {', '.join(missing)}"]
         if rope_scaling["high_freq_factor"] <= rope_scaling["low_freq_factor"]:
             return ["llama3 rope_scaling needs high_freq_factor > low_freq_factor"]
+    if rope_type == "linear" and not rope_scaling.get("factor", 0) > 0:
+        return [f"linear rope_scaling needs a positive factor, got {rope_scaling.get('factor')!r}"]
     return []

@@ -1,4 +1,9 @@
-"""A Llama / Qwen2 family decoder in Flax NNX, with a fixed-size KV cache.
+"""The decoder of every family in `bmrl.model.families` (Llama, Qwen2/3, Mistral, Gemma 2/3) in
+Flax NNX, with a fixed-size KV cache.
+
+The family's spec switches the optional pieces on: q/k RMSNorms, (1 + w) norms, sandwich norms
+around attention and MLP, sqrt(hidden)-scaled embeddings, GeGLU; the config sets per-layer sliding
+windows (with their own RoPE base), the score scale and tanh soft-capping of scores and logits.
 
 Parameter paths mirror Hugging Face names (`embed_tokens`, `layers/<i>/self_attn/q_proj`,
 `mlp/gate_proj`, `input_layernorm`, `norm`, `lm_head`) so partition rules and checkpoint import work
@@ -30,17 +35,20 @@ _init = nnx.initializers.normal(stddev=0.02)
 
 
 class RMSNorm(nnx.Module):
-    """Root-mean-square norm computed in float32, as in HF (`weight` mirrors its name)."""
+    """Root-mean-square norm computed in float32, as in HF (`weight` mirrors its name); the family's
+    `norm_offset` 1 scales by (1 + weight), Gemma's, with weights initialised to 0."""
 
     def __init__(self, dim: int, eps: float, cfg: ModelConfig):
-        self.weight = nnx.Param(jnp.ones((dim,), cfg.jnp_param_dtype))
+        self.offset = cfg.family.norm_offset
+        self.weight = nnx.Param(jnp.full((dim,), 1.0 - self.offset, cfg.jnp_param_dtype))
         self.eps = eps
         self.dtype = cfg.jnp_dtype
 
     def __call__(self, x: jax.Array) -> jax.Array:
         x32 = x.astype(jnp.float32)
         x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
-        return (self.weight[...].astype(jnp.float32) * x32).astype(self.dtype)
+        weight = self.weight[...].astype(jnp.float32)
+        return ((weight + self.offset if self.offset else weight) * x32).astype(self.dtype)
 
 
 def _linear(cfg: ModelConfig, d_in: int, d_out: int, bias: bool, rngs: nnx.Rngs) -> nnx.Linear:
@@ -56,13 +64,17 @@ def _linear(cfg: ModelConfig, d_in: int, d_out: int, bias: bool, rngs: nnx.Rngs)
 
 
 class Attention(nnx.Module):
-    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs, layer: int = 0):
         d, hd = cfg.hidden_size, cfg.head_dim
         self.q_proj = _linear(cfg, d, cfg.num_attention_heads * hd, cfg.attention_bias, rngs)
         self.k_proj = _linear(cfg, d, cfg.num_key_value_heads * hd, cfg.attention_bias, rngs)
         self.v_proj = _linear(cfg, d, cfg.num_key_value_heads * hd, cfg.attention_bias, rngs)
         self.o_proj = _linear(cfg, cfg.num_attention_heads * hd, d, cfg.o_proj_bias, rngs)
+        if cfg.family.qk_norm:  # per head, over head_dim, before RoPE
+            self.q_norm = RMSNorm(hd, cfg.rms_norm_eps, cfg)
+            self.k_norm = RMSNorm(hd, cfg.rms_norm_eps, cfg)
         self.config = cfg
+        self.window = cfg.window(layer)  # static: None = full attention
 
     def __call__(
         self,
@@ -86,37 +98,52 @@ class Attention(nnx.Module):
         """
         cfg = self.config
         batch, seq, _ = x.shape
-        inv_freq = inverse_frequencies(cfg)
+        inv_freq = inverse_frequencies(cfg, local=self.window is not None)
         q = self.q_proj(x).reshape(batch, seq, cfg.num_attention_heads, cfg.head_dim)
         k = self.k_proj(x).reshape(batch, seq, cfg.num_key_value_heads, cfg.head_dim)
         v = self.v_proj(x).reshape(batch, seq, cfg.num_key_value_heads, cfg.head_dim)
+        if cfg.family.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq)
+        scale, softcap = cfg.attention_scale, cfg.attn_logit_softcapping
         if cache is None:
-            return self.o_proj(attend(q, k, v, mask)), None
+            return self.o_proj(attend(q, k, v, mask, scale, softcap)), None
         cache = (write_cache(cache[0], k, write_index, cache_rows), write_cache(cache[1], v, write_index, cache_rows))
         cache_positions = positions if shared is None else positions - shared[0].shape[2]
-        out = attend_cache(q, *cache, cache_positions, bound, block_size, shared, cache_rows)
+        out = attend_cache(q, *cache, cache_positions, bound, block_size, shared, cache_rows, scale, softcap,
+                           self.window)
         return self.o_proj(out), cache
 
 
 class MLP(nnx.Module):
-    """SwiGLU: down(silu(gate(x)) * up(x))."""
+    """SwiGLU, down(silu(gate(x)) * up(x)), or GeGLU with the tanh GELU (`hidden_act`)."""
 
     def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
         self.gate_proj = _linear(cfg, cfg.hidden_size, cfg.intermediate_size, False, rngs)
         self.up_proj = _linear(cfg, cfg.hidden_size, cfg.intermediate_size, False, rngs)
         self.down_proj = _linear(cfg, cfg.intermediate_size, cfg.hidden_size, False, rngs)
+        self.gelu = cfg.hidden_act == "gelu_pytorch_tanh"
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate = self.gate_proj(x)
+        gate = jax.nn.gelu(gate, approximate=True) if self.gelu else jax.nn.silu(gate)
+        return self.down_proj(gate * self.up_proj(x))
 
 
 class DecoderLayer(nnx.Module):
-    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
-        self.self_attn = Attention(cfg, rngs)
+    """Pre-norm residual block. `post_attention_layernorm` is the MLP's input norm (HF's Llama
+    naming); with sandwich norms (Gemma) it normalises the attention output instead, and
+    `pre_feedforward_layernorm` / `post_feedforward_layernorm` wrap the MLP."""
+
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs, layer: int = 0):
+        self.self_attn = Attention(cfg, rngs, layer)
         self.mlp = MLP(cfg, rngs)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg)
+        self.sandwich = cfg.family.sandwich_norms
+        if self.sandwich:
+            self.pre_feedforward_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg)
+            self.post_feedforward_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg)
 
     def __call__(
         self,
@@ -130,10 +157,13 @@ class DecoderLayer(nnx.Module):
         shared: tuple[jax.Array, jax.Array] | None = None,
         cache_rows: jax.Array | None = None,
     ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
-        """Pre-norm residual block: attention then SwiGLU (arguments as in `Attention`)."""
+        """Attention then the MLP, each residual (arguments as in `Attention`)."""
         attn = self.self_attn(self.input_layernorm(x), positions, mask, cache, write_index, bound, block_size, shared,
                               cache_rows)
         h, cache = attn
+        if self.sandwich:
+            x = x + self.post_attention_layernorm(h)
+            return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x))), cache
         x = x + h
         x = x + self.mlp(self.post_attention_layernorm(x))
         return x, cache
@@ -152,7 +182,7 @@ class Decoder(nnx.Module):
             embedding_init=_init,
             rngs=rngs,
         )
-        self.layers = nnx.List([DecoderLayer(cfg, rngs) for _ in range(cfg.num_hidden_layers)])
+        self.layers = nnx.List([DecoderLayer(cfg, rngs, i) for i in range(cfg.num_hidden_layers)])
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg)
         self.lm_head = None if cfg.tie_word_embeddings else _linear(cfg, cfg.hidden_size, cfg.vocab_size, False, rngs)
 
@@ -186,18 +216,30 @@ class Decoder(nnx.Module):
             positions = jnp.maximum(jnp.cumsum(attention_mask, axis=1, dtype=jnp.int32) - 1, 0)
         causal = jnp.tril(jnp.ones((seq, seq), bool))
         mask = causal[None] & attention_mask[:, None, :]
-        x = self.embed_tokens(tokens)
-        for layer in self.layers:
-            x, _ = layer(x, positions, mask)
+        masks = {None: mask}
+        for window in {self.config.window(i) for i in range(len(self.layers))} - {None}:
+            distance = positions[:, :, None] - positions[:, None, :]
+            masks[window] = mask & (distance < window)  # a query sees the `window` latest positions
+        x = self.embed(tokens)
+        for i, layer in enumerate(self.layers):
+            x, _ = layer(x, positions, masks[self.config.window(i)])
         return self.norm(x)
 
+    def embed(self, tokens: jax.Array) -> jax.Array:
+        """Token embeddings `[batch, seq, hidden]`, times sqrt(hidden) in the compute dtype (Gemma)."""
+        x = self.embed_tokens(tokens)
+        if self.config.family.embed_scale:
+            x = x * jnp.asarray(self.config.hidden_size**0.5, x.dtype)
+        return x
+
     def logits(self, hidden: jax.Array) -> jax.Array:
-        """Project final-norm hidden states `[..., hidden]` to float32 logits `[..., vocab]`."""
+        """Project final-norm hidden states `[..., hidden]` to float32 logits `[..., vocab]`
+        (tanh soft-capped at `final_logit_softcapping` when the config sets it)."""
         if self.lm_head is None:
             out = self.embed_tokens.attend(hidden)
         else:
             out = self.lm_head(hidden)
-        return out.astype(jnp.float32)
+        return softcap_logits(out.astype(jnp.float32), self.config.final_logit_softcapping)
 
     # ------------------------------------------------------------ KV cache
     def init_cache(self, batch: int, max_len: int, dtype: jnp.dtype | None = None) -> KVCache:
@@ -245,7 +287,7 @@ class Decoder(nnx.Module):
         write_index = jnp.where(writes, positions, max_len)  # max_len = out of range -> dropped
         bound = jnp.max(jnp.where(lengths > 0, offsets + lengths, 0))
         rope_positions = positions if shared is None else positions + shared[0][0].shape[2]
-        x = self.embed_tokens(tokens)
+        x = self.embed(tokens)
         new_cache = []
         for i, (layer, layer_cache) in enumerate(zip(self.layers, cache, strict=True)):
             layer_shared = None if shared is None else shared[i]
@@ -256,6 +298,11 @@ class Decoder(nnx.Module):
             last = jnp.clip(lengths - 1, 0, chunk - 1)
             x = jnp.take_along_axis(x, last[:, None, None], axis=1)
         return self.logits(self.norm(x)), tuple(new_cache)
+
+
+def softcap_logits(logits: jax.Array, cap: float | None) -> jax.Array:
+    """cap * tanh(logits / cap) (Gemma 2's final-logit soft-capping); unchanged when `cap` is None."""
+    return logits if cap is None else jnp.tanh(logits / cap) * cap
 
 
 def init_model(cfg: ModelConfig, seed: int = 0) -> Decoder:

@@ -22,7 +22,7 @@ import numpy as np
 from flax import nnx
 from safetensors.numpy import save_file
 
-from bmrl.model.config import ConfigError, ModelConfig
+from bmrl.model.config import SUPPORTED_ACTIVATIONS, ConfigError, ModelConfig
 from bmrl.model.decoder import Decoder
 from bmrl.model.families import get_family, supported
 from bmrl.model.hf_dir import (
@@ -69,8 +69,14 @@ def tensor_specs(cfg: ModelConfig) -> dict[str, tuple[tuple, tuple[int, ...], bo
             specs[f"{prefix}{name}.weight"] = (path + ("kernel",), (d_out, d_in), True)
             if bias:
                 specs[f"{prefix}{name}.bias"] = (path + ("bias",), (d_out,), False)
-        for norm in ("input_layernorm", "post_attention_layernorm"):
+        norms = ["input_layernorm", "post_attention_layernorm"]
+        if cfg.family.sandwich_norms:
+            norms += ["pre_feedforward_layernorm", "post_feedforward_layernorm"]
+        for norm in norms:
             specs[f"{prefix}{norm}.weight"] = (("layers", i, norm, "weight"), (d,), False)
+        if cfg.family.qk_norm:
+            for norm in ("q_norm", "k_norm"):
+                specs[f"{prefix}self_attn.{norm}.weight"] = (("layers", i, "self_attn", norm, "weight"), (hd,), False)
     return specs
 
 
@@ -82,17 +88,21 @@ def config_from_hf(hf_config: Any, **overrides: Any) -> ModelConfig:
     family = get_family(model_type)
     if family is None:
         raise ConfigError(f"model_type {model_type!r} is not supported; supported: {supported()}.")
-    problems = []
-    if get("hidden_act", "silu") != "silu":
-        problems.append(f"hidden_act={get('hidden_act')!r} (only 'silu' / SwiGLU is implemented)")
-    problems += family.unsupported_features(get)
-    rope = dict(get("rope_parameters") or get("rope_scaling") or {})
+    problems = family.unsupported_features(get)
+    rope, local_rope = _rope_parameters(get, family, problems)
     if rope.get("partial_rotary_factor", 1.0) != 1.0:
         problems.append(f"partial_rotary_factor={rope['partial_rotary_factor']} (only full rotary is implemented)")
+    hidden_act = get(family.activation_key, family.hidden_act)
+    if hidden_act not in SUPPORTED_ACTIVATIONS:
+        problems.append(f"{family.activation_key}={hidden_act!r} (implemented: {', '.join(SUPPORTED_ACTIVATIONS)})")
     if problems:
         raise ConfigError(f"{model_type} config uses unsupported features: " + "; ".join(problems) + ".")
     rope_theta = rope.pop("rope_theta", get("rope_theta", 10000.0))
     heads = get("num_attention_heads")
+    layer_types = get("layer_types")
+    sliding_window = get("sliding_window") if "sliding_window" in family.config_keys else None
+    if layer_types is not None and "sliding_attention" not in layer_types:
+        sliding_window = None  # a window no layer uses (Qwen3 keeps the key with the window off)
     fields = dict(
         model_type=model_type,
         vocab_size=get("vocab_size"),
@@ -108,9 +118,32 @@ def config_from_hf(hf_config: Any, **overrides: Any) -> ModelConfig:
         tie_word_embeddings=bool(get("tie_word_embeddings", family.tie_word_embeddings)),
         attention_bias=bool(get("attention_bias", False)) if family.attention_bias is None else family.attention_bias,
         max_position_embeddings=get("max_position_embeddings", 2048),
+        hidden_act=hidden_act,
+        sliding_window=sliding_window,
+        layer_types=tuple(layer_types) if layer_types is not None and "layer_types" in family.config_keys else None,
+        rope_local_theta=None if local_rope is None else float(local_rope["rope_theta"]),
     )
+    for key in ("query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping"):
+        if key in family.config_keys and get(key) is not None:
+            fields[key] = float(get(key))
+    if fields.get("query_pre_attn_scalar") == fields["head_dim"]:
+        fields["query_pre_attn_scalar"] = None  # the default scale, head_dim**-0.5
     fields.update({k: v for k, v in overrides.items() if v is not None})
     return ModelConfig(**fields)
+
+
+def _rope_parameters(get: Any, family: Any, problems: list[str]) -> tuple[dict, dict | None]:
+    """(the global layers' rope parameters, the sliding layers' own or None) of a transformers config;
+    a family keyed by layer type (Gemma 3) must leave its local layers unscaled."""
+    rope = dict(get("rope_parameters") or get("rope_scaling") or {})
+    if not family.rope_per_layer_type:
+        return rope, None
+    local = dict(rope.get("sliding_attention") or {"rope_type": "default"})
+    local.setdefault("rope_theta", get("rope_local_base_freq", 10000.0))
+    if local.get("rope_type", "default") != "default":
+        problems.append(f"rope_parameters['sliding_attention'] rope_type={local['rope_type']!r} (the local layers' "
+                        "RoPE must be unscaled)")
+    return dict(rope.get("full_attention") or {"rope_type": "default"}), local
 
 
 def config_to_hf(cfg: ModelConfig, tokenizer: Any = None) -> Any:
@@ -118,6 +151,16 @@ def config_to_hf(cfg: ModelConfig, tokenizer: Any = None) -> Any:
     import transformers
 
     rope_parameters = {"rope_type": cfg.rope_type, "rope_theta": cfg.rope_theta, **(cfg.rope_scaling or {})}
+    if cfg.family.rope_per_layer_type:
+        local_theta = cfg.rope_theta if cfg.rope_local_theta is None else cfg.rope_local_theta
+        if cfg.rope_local_theta is None and cfg.rope_scaling is not None:
+            raise ConfigError(f"{cfg.model_type} keys RoPE by layer type: with rope_scaling, set rope_local_theta "
+                              "(the sliding layers' own unscaled base)")
+        rope_parameters = {"full_attention": rope_parameters,
+                           "sliding_attention": {"rope_type": "default", "rope_theta": local_theta}}
+    elif cfg.rope_local_theta is not None and cfg.rope_local_theta != cfg.rope_theta:
+        raise ConfigError(f"{cfg.model_type} has one RoPE base: rope_local_theta={cfg.rope_local_theta} has no "
+                          "transformers equivalent (set it None)")
     kwargs: dict[str, Any] = dict(
         vocab_size=cfg.vocab_size,
         hidden_size=cfg.hidden_size,
@@ -126,13 +169,30 @@ def config_to_hf(cfg: ModelConfig, tokenizer: Any = None) -> Any:
         num_attention_heads=cfg.num_attention_heads,
         num_key_value_heads=cfg.num_key_value_heads,
         head_dim=cfg.head_dim,
-        hidden_act="silu",
+
         rms_norm_eps=cfg.rms_norm_eps,
         tie_word_embeddings=cfg.tie_word_embeddings,
         max_position_embeddings=cfg.max_position_embeddings,
         rope_parameters=rope_parameters,
         dtype=cfg.param_dtype,
     )
+    kwargs[cfg.family.activation_key] = cfg.hidden_act
+    scalar = cfg.query_pre_attn_scalar or cfg.head_dim
+    extras = dict(query_pre_attn_scalar=int(scalar) if float(scalar).is_integer() else scalar,  # HF: an int
+                  attn_logit_softcapping=cfg.attn_logit_softcapping,
+                  final_logit_softcapping=cfg.final_logit_softcapping, sliding_window=cfg.sliding_window,
+                  use_sliding_window=cfg.sliding_window is not None, max_window_layers=0,
+                  layer_types=list(cfg.layer_types))
+    kwargs.update({key: extras[key] for key in cfg.family.config_keys})
+    problems = [f"{key}={getattr(cfg, key)}" for key in ("attn_logit_softcapping", "final_logit_softcapping")
+                if getattr(cfg, key) is not None and key not in cfg.family.config_keys]
+    if "sliding_attention" in cfg.layer_types and "sliding_window" not in cfg.family.config_keys:
+        problems.append(f"sliding_window={cfg.sliding_window}")
+    if cfg.query_pre_attn_scalar not in (None, cfg.head_dim) and "query_pre_attn_scalar" not in cfg.family.config_keys:
+        problems.append(f"query_pre_attn_scalar={cfg.query_pre_attn_scalar}")
+    if problems:
+        raise ConfigError(f"transformers' {cfg.family.config_class} has no equivalent of {', '.join(problems)}: "
+                          "export needs a family that has them (or set them None)")
     if cfg.family.attention_bias is None:  # the family reads it from config.json
         kwargs["attention_bias"] = cfg.attention_bias
     kwargs.update({key: value for key, value, _ in cfg.family.unsupported})  # the only values bmrl runs
@@ -294,7 +354,9 @@ def from_pretrained(
             raise CheckpointError(
                 f"Tokenizer files in {str(path)!r} ({', '.join(present)}) could not be loaded: {e}"
             ) from e
-        if len(tokenizer) > cfg.vocab_size:  # ids past the embedding would be clamped silently under jit
+        vocab = tokenizer.get_vocab()
+        past = {t for t, i in vocab.items() if i >= cfg.vocab_size} - set(cfg.family.tokens_past_vocab)
+        if len(tokenizer) > cfg.vocab_size and past:  # ids past the embedding would be clamped silently under jit
             raise CheckpointError(
                 f"The tokenizer in {str(path)!r} ({', '.join(present)}) has {len(tokenizer)} tokens, more than "
                 f"config.json's vocab_size={cfg.vocab_size}: save the model and tokenizer together."

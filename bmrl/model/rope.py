@@ -1,4 +1,4 @@
-"""Rotary position embeddings (RoPE), with the Llama-3 frequency scaling.
+"""Rotary position embeddings (RoPE), with the Llama-3 and linear frequency scalings.
 
 Frequencies are a trace-time numpy constant derived from the config; positions are data, so
 per-sequence offsets never change a shape.
@@ -17,13 +17,23 @@ from bmrl.model.config import ModelConfig
 
 
 @functools.lru_cache(maxsize=64)
-def inverse_frequencies(cfg: ModelConfig) -> np.ndarray:
-    """`[head_dim // 2]` float32 inverse frequencies, as transformers computes them."""
+def inverse_frequencies(cfg: ModelConfig, local: bool = False) -> np.ndarray:
+    """`[head_dim // 2]` float32 inverse frequencies, as transformers computes them.
+
+    `local=True`: those of a sliding-window layer, which has its own base (`rope_local_theta`,
+    unscaled) when the config sets one (Gemma 3), else the global layers' own.
+    """
     dim = cfg.head_dim
+    separate = local and cfg.rope_local_theta is not None
+    theta = cfg.rope_local_theta if separate else cfg.rope_theta
     exponents = np.arange(0, dim, 2, dtype=np.int64).astype(np.float32) / np.float32(dim)
-    inv_freq = (1.0 / (np.float32(cfg.rope_theta) ** exponents)).astype(np.float32)
+    inv_freq = (1.0 / (np.float32(theta) ** exponents)).astype(np.float32)
+    if separate:
+        return inv_freq
     if cfg.rope_type == "llama3":
         inv_freq = _llama3_scaling(inv_freq, cfg.rope_scaling)
+    elif cfg.rope_type == "linear":
+        inv_freq = (inv_freq / np.float32(cfg.rope_scaling["factor"])).astype(np.float32)
     return inv_freq
 
 

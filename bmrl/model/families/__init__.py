@@ -6,8 +6,9 @@ embeddings, rope types, shape rules, Hugging Face class, tensor and config-key n
 file plus its parity test:
   1. `bmrl/model/families/<name>.py` with `FAMILY = Family(model_type=..., config_class=..., ...)`;
   2. its entry in `CASES` of `tests/test_model_parity.py` (logits vs transformers, both directions).
-A family that needs new arithmetic (e.g. Qwen3's q/k norms) also needs a decoder feature, switched
-on by a field here.
+The decoder's optional arithmetic is switched on by fields here (q/k norms, (1 + w) norms, sandwich
+norms, embedding scaling, the default sliding-window layer pattern); a family that needs arithmetic
+none of them describes also needs a decoder feature.
 """
 
 from __future__ import annotations
@@ -46,11 +47,26 @@ class Family:
     tie_word_embeddings: bool = False  # default when the config does not say
     hidden_divisible_by_heads: bool = False  # transformers requires hidden_size % num_attention_heads == 0
     head_dim_is_hidden_over_heads: bool = False  # head_dim must equal hidden_size // num_attention_heads
-    rope_types: tuple[str, ...] = ("default", "llama3")  # rope_scaling types the HF class accepts
+    rope_types: tuple[str, ...] = ("default", "llama3", "linear")  # rope_scaling types the HF class accepts
+    # Arithmetic switched on per family (see `bmrl.model.decoder`):
+    qk_norm: bool = False  # RMSNorm over head_dim on queries and keys before RoPE (Qwen3, Gemma 3)
+    norm_offset: float = 0.0  # RMSNorm scales by (norm_offset + weight): Gemma's (1 + w), weights init 0
+    sandwich_norms: bool = False  # norms before *and after* attention and MLP (Gemma 2/3)
+    embed_scale: bool = False  # embeddings multiplied by sqrt(hidden_size) (Gemma)
+    hidden_act: str = "silu"  # default MLP activation (config key `activation_key`)
+    activation_key: str = "hidden_act"  # config.json key of the activation (Gemma: hidden_activation)
+    # Layers with a sliding window when the config sets one and no `layer_types`: 0 = every layer
+    # (Mistral); k = every layer but each k-th (Gemma 2: 2, Gemma 3: 6 global layers).
+    sliding_pattern: int = 0
+    rope_per_layer_type: bool = False  # rope_parameters keyed by layer type (Gemma 3: local theta)
+    # Optional config.json keys the HF class has and `config_to_hf` writes (values from `ModelConfig`).
+    config_keys: tuple[str, ...] = ()
     # config.json keys the decoder cannot honour: (key, the only value it runs, why).
     unsupported: tuple[tuple[str, Any, str], ...] = ()
     tensor_names: TensorNames = TensorNames()
     ignored_tensors: tuple[str, ...] = ("rotary_emb.inv_freq",)  # buffers old exports carry; skipped
+    # Tokenizer tokens with ids past the embedding that text never produces (Gemma 3's image placeholder).
+    tokens_past_vocab: tuple[str, ...] = ()
 
     def problems(self, cfg: Any) -> list[str]:
         """What `cfg` (a `ModelConfig` of this family) breaks of the family's rules, with the fix."""
@@ -71,11 +87,20 @@ class Family:
             problems.append(f"{name} {always} has q/k/v biases: set attention_bias={self.attention_bias} (or None)")
         return problems
 
+    def default_layer_types(self, num_layers: int, sliding_window: int | None) -> tuple[str, ...]:
+        """`layer_types` when config.json has none: full attention unless a window is set, then the
+        family's pattern (`sliding_pattern`)."""
+        def sliding(i: int) -> bool:
+            return sliding_window is not None and (self.sliding_pattern == 0 or (i + 1) % self.sliding_pattern != 0)
+
+        return tuple("sliding_attention" if sliding(i) else "full_attention" for i in range(num_layers))
+
     def unsupported_features(self, get: Any) -> list[str]:
         """The config keys (read with `get(key, default)`) set to values the decoder does not run."""
-        return [
-            f"{key}={get(key, ok)!r} ({why})" for key, ok, why in self.unsupported if get(key, ok) != ok
-        ]
+        def differs(value: Any, ok: Any) -> bool:
+            return value != ok and not (value in (None, False) and ok in (None, False))
+
+        return [f"{key}={get(key, ok)!r} ({why})" for key, ok, why in self.unsupported if differs(get(key, ok), ok)]
 
 
 def _discover() -> dict[str, Family]:
