@@ -185,7 +185,7 @@ def test_registered_options_reach_their_functions():
         with pytest.raises(ConfigError) as err:
             config.load(None, [override])
         assert err.value.key == key
-    with pytest.raises(ConfigError, match="choose one of: llama, qwen2"):  # the model families' registry
+    with pytest.raises(ConfigError, match="choose one of: gemma2, gemma3_text, llama, mistral, qwen2, qwen3"):  # the model families' registry
         config.load(None, ["model.model_type=gpt"])
 
 
