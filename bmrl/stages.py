@@ -108,23 +108,17 @@ class StageProgress:
         self._emit(f"done in {seconds / 60:.1f} min", self.eta())
 
 
-# The config sections a stage's result depends on: a finished stage made with other values of these is
-# refused on a rerun instead of being silently reused.
-STAGE_SECTIONS = {
-    "sft": ("seed", "model", "env", "format", "rollout", "budget", "data", "sft"),
-    "rl": ("seed", "model", "env", "format", "rollout", "budget", "data", "train"),
-}
-
-
 def check_stage_config(out_dir: str, cfg: Any, kind: str) -> None:
     """Refuse to reuse a finished stage in `out_dir` whose config.yaml differs from `cfg` in a setting the
-    stage's result depends on (`STAGE_SECTIONS`); raises ConfigError naming the keys and the fix."""
+    stage's result depends on (`bmrl.rundir.SECTIONS`, every key of them: unlike a resumable run, a
+    finished stage with other `train.steps` is not reused); raises ConfigError naming the keys and the fix."""
     from bmrl.config import ConfigError, changed_keys, read_yaml, to_dict
+    from bmrl.rundir import SECTIONS
 
     path = os.path.join(out_dir, "config.yaml")
-    if kind not in STAGE_SECTIONS or not os.path.isfile(path):
+    if kind not in SECTIONS or not os.path.isfile(path):
         return
-    changed = changed_keys(read_yaml(path), to_dict(cfg), STAGE_SECTIONS[kind])
+    changed = changed_keys(read_yaml(path), to_dict(cfg), SECTIONS[kind])
     if changed:
         shown = ", ".join(changed[:8]) + (" ..." if len(changed) > 8 else "")
         raise ConfigError(changed[0], f"the finished stage in {out_dir} was made with other settings ({shown}); "
