@@ -38,6 +38,16 @@ if [[ $install == 1 ]]; then
   done
   [[ $ok == 1 ]] || { echo "could not install a GPU build of jax (tried ${extras[*]})" >&2; exit 1; }
 fi
+# What the benchmark and the tests import beyond jax (a machine that cannot install, e.g. one with no
+# registry, must bring the missing ones: `pip download` them elsewhere, or copy their folders from a
+# site-packages of the same Python into a folder on PYTHONPATH; omegaconf needs antlr4 beside it).
+missing="$("$PY" - <<'PY'
+import importlib.util as u
+need = ["flax", "optax", "orbax.checkpoint", "transformers", "safetensors", "omegaconf", "yaml", "filelock", "pytest"]
+print(" ".join(n for n in need if u.find_spec(n.split(".")[0]) is None or u.find_spec(n) is None))
+PY
+)"
+[[ -z "$missing" ]] || { echo "missing Python packages: $missing (pip install them, or put them on PYTHONPATH)" >&2; exit 1; }
 backend="$("$PY" -c 'import jax; print(jax.default_backend())')"
 echo "== jax backend: $backend ($("$PY" -c 'import jax; print(jax.devices())'))"
 [[ "$backend" == cpu ]] && { echo "no accelerator visible to jax; nothing to measure" >&2; exit 1; }
