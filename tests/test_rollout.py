@@ -252,7 +252,9 @@ def test_error_injection_forces_wrong_actions(tiny_tokenizer):
 def test_compaction_chunks_divide_the_batch():
     """A turn is played in chunks of batch / k rows (k <= compact_steps, dividing the batch, chunks of
     at least compact_min_rows); compaction off (or a batch too small to split) is the whole batch;
-    on by default (config and RolloutConfig agree); a step count below 1 is refused with the fix."""
+    on by default on CPU (the config's platform default and RolloutConfig agree); a step count below 1
+    is refused with the fix."""
+    from bmrl.build.env import platform_default
     from bmrl.config.schema import RolloutCfg
 
     def chunk(batch, min_rows, steps=4):
@@ -261,10 +263,30 @@ def test_compaction_chunks_divide_the_batch():
     assert chunk(64, 8) == 16 and chunk(256, 8) == 64 and chunk(16, 8) == 8 and chunk(12, 8) == 12
     assert chunk(64, 8, steps=8) == 8 and chunk(10, 3, steps=3) == 5 and chunk(7, 2) == 7 and chunk(64, 0) == 64
     assert RolloutConfig(4, 2, 8).compact_chunk(64) == 16 and RolloutConfig(4, 2, 8).compact_chunk(16) == 16
-    assert (RolloutCfg().compact_min_rows, RolloutCfg().compact_steps) == (RolloutConfig(4, 2, 8).compact_min_rows,
-                                                                          RolloutConfig(4, 2, 8).compact_steps)
+    assert jax.default_backend() == "cpu"
+    assert ((platform_default("compact_min_rows", RolloutCfg().compact_min_rows), RolloutCfg().compact_steps,
+             platform_default("attention_block", RolloutCfg().attention_block))
+            == (RolloutConfig(4, 2, 8).compact_min_rows, RolloutConfig(4, 2, 8).compact_steps,
+                RolloutConfig(4, 2, 8).attention_block))
     with pytest.raises(RolloutError, match="compact_steps must be >= 1"):
         RolloutConfig(4, 2, 8, compact_min_rows=8, compact_steps=0)
+
+
+def test_rollout_speed_knobs_take_the_platform_default_only_when_null(monkeypatch):
+    """Left null, compaction and the cache's attention block follow the platform (on by default and 64
+    keys on CPU; off and 256 keys on GPU/TPU, measured on an H200); a value in the config always wins."""
+    from bmrl import config as config_lib
+    from bmrl.build import env as env_build
+
+    def resolved(backend, **rollout):
+        monkeypatch.setattr(env_build.jax, "default_backend", lambda: backend)
+        r = env_build.rollout_config(config_lib.build({"rollout": rollout}))
+        return r.compact_min_rows, r.attention_block
+
+    assert resolved("cpu") == (16, 64)
+    assert resolved("gpu") == resolved("tpu") == (0, 256)
+    assert resolved("gpu", compact_min_rows=8, attention_block=32) == (8, 32)
+    assert resolved("cpu", compact_min_rows=0, attention_block=0) == (0, 0)
 
 
 def test_attention_block_changes_only_the_work(tiny_tokenizer, monkeypatch):
@@ -298,7 +320,8 @@ def test_attention_block_changes_only_the_work(tiny_tokenizer, monkeypatch):
     from bmrl.config.schema import RolloutCfg
     from bmrl.model.attention import BLOCK_SIZE
 
-    assert RolloutCfg().attention_block == RolloutConfig(4, 2, 8).attention_block == BLOCK_SIZE  # one default
+    assert RolloutCfg().attention_block is None  # the platform's (test_rollout_speed_knobs_take_the_platform_default...)
+    assert RolloutConfig(4, 2, 8).attention_block == BLOCK_SIZE  # the CPU's default, one constant
 
 
 def test_rollout_program_never_copies_the_kv_cache(tiny_tokenizer):

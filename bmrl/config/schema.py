@@ -78,9 +78,9 @@ class RolloutCfg:
     temperature: float = 1.0  # sampling temperature during training rollouts (0 = greedy)
     top_k: int = 0  # keep the k most likely tokens (0 = off)
     top_p: float = 1.0  # nucleus sampling mass in (0, 1] (1 = off)
-    compact_min_rows: int = 16  # finished rows leave the batch: turns played in chunks of at least this many rows (0 = off)
+    compact_min_rows: int | None = None  # finished rows leave the batch: turns played in chunks of at least this many rows (0 = off; null = 16 on CPU, off on GPU/TPU, where each chunk re-reads the weights)
     compact_steps: int = 4  # the batch splits into at most this many chunks; only chunks with live rows play (one compile)
-    attention_block: int = 64  # keys per attention block over the KV cache (64: fastest on CPU; accelerators may want more; 0 = whole buffer)
+    attention_block: int | None = None  # keys per attention block over the KV cache (0 = whole buffer; null = 64 on CPU, 256 on GPU/TPU: the fastest measured on each)
 
 
 @dataclass
