@@ -99,7 +99,9 @@ def test_remat_same_numbers_less_memory_and_the_estimate_tracks_xla():
     assert temp[True] < temp[False]
     assert activation_bytes(mcfg, B, L, remat=True) < activation_bytes(mcfg, B, L)
     assert abs(result[True][0] - result[False][0]) < 1e-6
-    np.testing.assert_allclose(result[True][1], result[False][1], rtol=1e-5, atol=1e-7)
+    # The recomputed forward is compiled (fused) apart from the first: float32 sums may round apart, and
+    # Adam divides tiny gradients by their own size: 1e-6 is 3e-4 of one step's size (lr 3e-3).
+    np.testing.assert_allclose(result[True][1], result[False][1], rtol=1e-5, atol=1e-6)
 
 
 def test_microbatches_accumulate_to_the_minibatch_gradient():
