@@ -38,6 +38,40 @@ class MemoryPlanError(ConfigError):
 
 
 # ---------------------------------------------------------------- rematerialisation
+def _tied_to(x: jax.Array, cotangent: jax.Array) -> jax.Array:
+    """`x` plus a zero computed from `cotangent`: the same values (x + 0), but a data dependence on the
+    backward pass that no compiler pass removes (NaN/inf in the cotangent poison the gradients anyway)."""
+    return x + (cotangent.reshape(-1)[0] * 0).astype(x.dtype)
+
+
+def recompute_in_backward(f):
+    """`f(state, x, *rest) -> y` keeping only its arguments for the backward pass, which recomputes `f`
+    from them: `jax.checkpoint`'s saving, with the recomputation made to depend on the cotangent.
+
+    Why not `jax.checkpoint`: it keeps the recomputation apart with an optimization barrier on its
+    inputs only, which XLA removes (`cse_barrier_expander`) before its last CSE and scheduling passes;
+    the recomputed forward then merges with the original one or is scheduled right after it, and every
+    layer's attention scores stay alive until that layer's backward (measured: XLA CPU temp grew by the
+    same 2.5 GiB per layer at batch 8 x 1152 tokens with and without remat). Tying the recomputation's
+    input to the cotangent of the layer's output means it can only run once the backward reaches it.
+    """
+
+    @jax.custom_vjp
+    def run(state, x, *rest):
+        return f(state, x, *rest)
+
+    def forward(state, x, *rest):
+        return f(state, x, *rest), (state, x, rest)
+
+    def backward(saved, cotangent):
+        state, x, rest = saved
+        _, vjp = jax.vjp(f, state, _tied_to(x, cotangent), *rest)
+        return vjp(cotangent)
+
+    run.defvjp(forward, backward)
+    return run
+
+
 class _RematLayer(nnx.Module):
     """A decoder layer whose full forward (no cache) is recomputed in the backward pass."""
 
@@ -52,7 +86,7 @@ class _RematLayer(nnx.Module):
         def forward(state, x, positions, mask):
             return nnx.merge(graphdef, state)(x, positions, mask)[0]
 
-        return jax.checkpoint(forward)(state, x, positions, mask), None
+        return recompute_in_backward(forward)(state, x, positions, mask), None
 
 
 def remat_layers(model: nnx.Module) -> nnx.Module:
@@ -89,20 +123,30 @@ def device_capacity(override_gb: float = 0.0) -> tuple[int, str]:
 
 
 def activation_bytes(mcfg: Any, rows: int, seq: int, tensor: int = 1, remat: bool = False) -> int:
-    """Estimated bytes the update keeps for the backward pass on one device: `rows` sequences of `seq`
-    tokens through every layer (inputs, norms, q/k/v, attention scores and probabilities, MLP), plus
-    the log-prob head. With `remat`, each layer keeps only its input and one layer is live at a time.
+    """Estimated bytes of the update's temporaries on one device: `rows` sequences of `seq` tokens.
+
+    What the backward pass keeps per layer (inputs, norms, q/k/v, attention output, MLP; with `remat`
+    only the layer's input), plus the larger of the two transients that never overlap: one layer's
+    forward and backward (its tensors and one query block's attention scores, `[rows, heads,
+    QUERY_BLOCK, seq]`) and one chunk of the log-prob head. A sequence no longer than QUERY_BLOCK is
+    attended at once, its scores and probabilities kept (without remat) like any other tensor.
     Per family: Gemma's sandwich norms, Qwen3/Gemma 3's q/k norms and Gemma 2's soft-capped scores and
     logits add their tensors; a sliding window saves nothing here (the full forward masks, it does
-    not drop, so the scores stay [seq, seq])."""
+    not drop). Checked against XLA's compiled temporaries in tests/test_memory.py, and at the
+    Qwen2.5-0.5B shape (XLA CPU) within 1.4x (see `bench/device.py`).
+    """
+    from bmrl.model.attention import QUERY_BLOCK
+
     b = jnp.dtype(mcfg.dtype).itemsize
     hidden, inter, heads, kv, hd = (mcfg.hidden_size, mcfg.intermediate_size, mcfg.num_attention_heads,
                                     mcfg.num_key_value_heads, mcfg.head_dim)
+    capped_scores = 1 if getattr(mcfg, "attn_logit_softcapping", None) else 0
+    block = seq if QUERY_BLOCK <= 0 or seq <= QUERY_BLOCK else QUERY_BLOCK
+    qkv_grads = (heads + 2 * kv) * hd * 4 / tensor  # float32 gradients of q, k, v summed over query blocks
     per_token_layer = (
         hidden * b  # residual input
         + 2 * hidden * (b + 4)  # two RMSNorms (computed in float32)
         + 2 * (heads + 2 * kv) * hd * b / tensor  # q, k, v before and after RoPE
-        + heads * seq * (4 + b) / tensor  # attention scores (float32) and probabilities
         + heads * hd * b / tensor + hidden * b  # attention output, o_proj output
         + 4 * inter * b / tensor + hidden * b  # gate, up, silu (GeGLU: gelu), product; down output
     )
@@ -111,17 +155,19 @@ def activation_bytes(mcfg: Any, rows: int, seq: int, tensor: int = 1, remat: boo
         per_token_layer += 2 * hidden * (b + 4)
     if family is not None and family.qk_norm:  # Qwen3, Gemma 3: q and k normed per head (float32 inside)
         per_token_layer += (heads + kv) * hd * (b + 4) / tensor
-    if getattr(mcfg, "attn_logit_softcapping", None):  # tanh-capped scores kept beside the raw ones
-        per_token_layer += heads * seq * 4 / tensor
+    scores_per_query = heads * seq * (4 * (1 + capped_scores) + b) / tensor  # float32 scores (capped), probabilities
     tokens = rows * seq
     layers = mcfg.num_hidden_layers
-    body = (layers * hidden * b + per_token_layer) * tokens if remat else layers * per_token_layer * tokens
+    live_layer = per_token_layer * tokens + rows * block * (scores_per_query + heads * seq * 8 / tensor)
+    if remat:  # XLA (CPU, measured) also keeps about one query block's probabilities per layer
+        kept = layers * ((hidden * b + qkv_grads) * tokens + rows * block * heads * seq * b / tensor)
+    else:
+        kept = layers * (per_token_layer + qkv_grads + (scores_per_query if block == seq else 0)) * tokens
     vocab = mcfg.vocab_size
     chunk = 128 if vocab > 8192 else seq  # bmrl.learn.step chunks the log-probs of large vocabularies
     capped = 1 if getattr(mcfg, "final_logit_softcapping", None) else 0  # Gemma 2: tanh-capped logits too
-    # logits (and their capped copy), log-softmax, its gradient; final hidden
-    head = rows * chunk * vocab * 4 * (3 + capped) + tokens * hidden * 4
-    return int(body + head)
+    head = rows * chunk * vocab * 4 * (3 + capped)  # logits (and their capped copy), log-softmax, its gradient
+    return int(kept + max(live_layer, head) + tokens * hidden * 4)  # + the final hidden (float32)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -20,6 +20,7 @@ from bmrl.learn import make_optimizer
 from bmrl.learn import step as step_lib
 from bmrl.memory import MemoryPlanError, activation_bytes, plan_memory
 from bmrl.model import ModelConfig, init_model
+from bmrl.model.attention import QUERY_BLOCK
 from bmrl.parallel import MeshConfig, make_mesh
 from tests.test_train import fake_traj, flat, train_cfg
 
@@ -79,9 +80,51 @@ def test_plan_bytes_are_exact_on_one_device(family):
     assert "optimizer state" in plan.table() and "peak" in plan.table()
 
 
+def workspace_bytes() -> int:
+    """XLA's temporaries for a program of one small matmul: a fixed workspace some backends add to every
+    program with one (cuBLAS's, ~32 MiB on a GPU; ~0 on the CPU), which no activation estimate holds."""
+    a = jax.ShapeDtypeStruct((16, 32), jnp.float32)
+    return jax.jit(lambda x: x @ x.T).lower(a).compile().memory_analysis().temp_size_in_bytes
+
+
+def xla_temp(mcfg, rows, seq, remat):
+    """Compiled (not run) temporaries of the update of `rows` x `seq` tokens, less the fixed workspace."""
+    graphdef, params = nnx.split(nnx.eval_shape(lambda: init_model(mcfg, 0)))
+    params = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), params)
+    tx = make_optimizer(1e-3, total_steps=10)
+    opt_state = jax.eval_shape(lambda p: step_lib.init_opt_state(tx, p), params)
+    traj = jax.tree.map(lambda x: jax.ShapeDtypeStruct((rows, seq) if x.shape == (B, L) else (rows, *x.shape[1:]),
+                                                       x.dtype), fake_traj(0))
+    upd = step_lib.make_update(graphdef, tx, train_cfg(tasks_per_step=rows // 4, remat=remat), 1.0, donate=False)
+    compiled = upd.lower(params, opt_state, None, traj, jax.random.key(0)).compile()
+    return compiled.memory_analysis().temp_size_in_bytes - workspace_bytes()
+
+
+def test_remat_keeps_one_layer_and_the_estimate_tracks_xla_per_layer():
+    """Compile only, 1 vs 2 layers, sequences of 2 query blocks (scores [rows, heads, seq, seq] would
+    dominate): with remat XLA's temporaries grow by a layer input, not a layer's activations, and the
+    estimate follows XLA's growth per layer and its total (within 2x), both ways. (jax.
+    checkpoint alone grew by a whole layer's activations: XLA merged the recomputation away.)"""
+    rows, seq = 4, 2 * QUERY_BLOCK
+    temp, est = {}, {}
+    for remat in (False, True):
+        for layers in (1, 2):
+            mcfg = model_cfg(num_hidden_layers=layers, hidden_size=64, intermediate_size=256, num_attention_heads=4,
+                             num_key_value_heads=2)
+            temp[remat, layers] = xla_temp(mcfg, rows, seq, remat)
+            est[remat, layers] = activation_bytes(mcfg, rows, seq, remat=remat)
+            assert est[remat, layers] / 2 < temp[remat, layers] < 2 * est[remat, layers], (remat, layers, temp, est)
+    grow = {r: temp[r, 2] - temp[r, 1] for r in (False, True)}
+    grow_est = {r: est[r, 2] - est[r, 1] for r in (False, True)}
+    assert grow[True] < grow[False] / 2, (grow, temp)
+    for r in (False, True):
+        assert grow_est[r] / 2 < grow[r] < 2 * grow_est[r], (r, grow, grow_est)
+
+
 def test_remat_same_numbers_less_memory_and_the_estimate_tracks_xla():
     """Remat gives the same update (loss and parameters) with smaller compiled temporary buffers, and
-    the activation estimate is within 3x of XLA's temporaries for the compiled update, both ways."""
+    the activation estimate is within 3x of XLA's temporaries for the compiled update (less the fixed
+    workspace of a one-matmul program: ~0 on the CPU, cuBLAS's on a GPU), both ways."""
     mcfg = model_cfg(num_hidden_layers=4, hidden_size=32, intermediate_size=64, num_attention_heads=4,
                      num_key_value_heads=2)
     graphdef, params = nnx.split(init_model(mcfg, 0))
@@ -91,7 +134,7 @@ def test_remat_same_numbers_less_memory_and_the_estimate_tracks_xla():
     for remat in (False, True):
         upd = step_lib.make_update(graphdef, tx, train_cfg(remat=remat), 1.0, donate=False)
         compiled = upd.lower(params, opt_state, None, fake_traj(0), jax.random.key(0)).compile()
-        temp[remat] = compiled.memory_analysis().temp_size_in_bytes
+        temp[remat] = compiled.memory_analysis().temp_size_in_bytes - workspace_bytes()
         est = activation_bytes(mcfg, B, L, remat=remat)
         assert temp[remat] / 3 < est < 3 * temp[remat], (remat, est, temp[remat])
         p, _, m = compiled(params, opt_state, None, fake_traj(0), jax.random.key(0))
@@ -99,7 +142,9 @@ def test_remat_same_numbers_less_memory_and_the_estimate_tracks_xla():
     assert temp[True] < temp[False]
     assert activation_bytes(mcfg, B, L, remat=True) < activation_bytes(mcfg, B, L)
     assert abs(result[True][0] - result[False][0]) < 1e-6
-    np.testing.assert_allclose(result[True][1], result[False][1], rtol=1e-5, atol=1e-7)
+    # The recomputed forward is compiled (fused) apart from the first: float32 sums may round apart, and
+    # Adam divides tiny gradients by their own size: 1e-6 is 3e-4 of one step's size (lr 3e-3).
+    np.testing.assert_allclose(result[True][1], result[False][1], rtol=1e-5, atol=1e-6)
 
 
 def test_microbatches_accumulate_to_the_minibatch_gradient():

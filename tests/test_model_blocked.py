@@ -68,6 +68,26 @@ def test_attend_cache_equals_masked_softmax(block_size):
     np.testing.assert_array_equal(empty, 0.0)
 
 
+@pytest.mark.parametrize("query_block", [3, 5])
+def test_attend_in_query_blocks_equals_all_at_once(query_block):
+    """The full forward's query blocks (dividing the queries or not, the last overlapping) give the
+    one-shot attention and its gradients, soft-capped too; a padding row (no visible key) included."""
+    batch, seq, heads, kv_heads, d = 2, 10, 4, 2, 8
+    rs = np.random.RandomState(query_block)
+    q, k, v = (jnp.asarray(rs.randn(batch, seq, h, d), jnp.float32) for h in (heads, kv_heads, kv_heads))
+    mask = jnp.tril(jnp.ones((seq, seq), bool))[None] & (jnp.arange(seq) < jnp.asarray([10, 7])[:, None, None])
+
+    def loss(q, k, v, block):
+        out = attend(q, k, v, mask, softcap=2.0, query_block=block)
+        return (out**2).sum(), out
+
+    (_, want), want_grads = jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True)(q, k, v, 0)
+    (_, got), grads = jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True)(q, k, v, query_block)
+    np.testing.assert_allclose(got, want, atol=TOL, rtol=0)
+    for g, w in zip(grads, want_grads, strict=True):
+        np.testing.assert_allclose(g, w, atol=10 * TOL, rtol=0)
+
+
 def test_cache_rows_read_and_write_the_named_rows_only(model):
     """`extend(cache_rows=)`: a batch of 2 over a 4-row cache (rows 3 and 1, as a compacted rollout
     runs) gives the logits of those rows' caches taken out and extended alone, writes only its rows,

@@ -1,5 +1,9 @@
 """Grouped-query attention: over a chunk's own keys (full forward) and over a head-major KV cache.
 
+The full forward (the learner's) takes queries `QUERY_BLOCK` at a time, each block's step recomputed
+in the backward pass, so training keeps no `[batch, heads, seq, seq]` scores: the softmax of each
+query is the same as all at once, only its live memory is one block's.
+
 The cache of one layer is a pair of `[batch, kv_heads, max_len, head_dim]` arrays (head-major: the
 score and value contractions take their operands as stored, so a decode step neither copies nor
 transposes the cache). Attention over the cache runs in fixed-size blocks of keys with a running
@@ -18,6 +22,7 @@ import jax
 import jax.numpy as jnp
 
 BLOCK_SIZE = 64  # keys per attention block (static; fastest measured on CPU); 0 = the whole buffer at once
+QUERY_BLOCK = 128  # queries per step of the full forward's attention (static); 0 = all at once
 _MASKED = -0.7 * float(jnp.finfo(jnp.float32).max)  # finite: a fully masked row stays NaN-free
 
 
@@ -29,23 +34,49 @@ def _scaled(scores: jax.Array, scale: float, softcap: float | None) -> jax.Array
 
 def attend(
     q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: float | None = None,
-    softcap: float | None = None,
+    softcap: float | None = None, query_block: int = QUERY_BLOCK,
 ) -> jax.Array:
     """Grouped-query attention over a chunk's own keys (the full forward pass).
 
     q: [batch, seq, heads, head_dim]; k, v: [batch, keys, kv_heads, head_dim];
     mask: [batch, seq, keys] bool (True = may attend; a sliding window is part of it).
     Returns [batch, seq, heads * head_dim]. `scale` defaults to head_dim**-0.5.
+
+    More than `query_block` queries (static; 0 = all at once) are taken `query_block` at a time in a
+    loop whose step is recomputed in the backward pass: the scores `[batch, heads, query_block, keys]`
+    of one block are live, never `[batch, heads, seq, keys]`, and the backward pass keeps q, k and v,
+    not the probabilities. Each query's softmax is the same (over all its keys at once).
     """
     batch, seq, heads, head_dim = q.shape
-    kv_heads = k.shape[2]
     scale = head_dim**-0.5 if scale is None else scale
-    q = q.reshape(batch, seq, kv_heads, heads // kv_heads, head_dim)
+    if query_block <= 0 or seq <= query_block:
+        return _attend_rows(q, k, v, mask, scale, softcap)
+    blocks = -(-seq // query_block)
+    rest = seq - (blocks - 1) * query_block  # the last block starts at seq - query_block (overlapping)
+
+    @jax.checkpoint
+    def step(i):  # slices, not a blocked copy of q and mask: the backward pass keeps only i
+        first = jnp.minimum(i * query_block, seq - query_block)
+        rows = lambda x: jax.lax.dynamic_slice_in_dim(x, first, query_block, axis=1)  # noqa: E731
+        return _attend_rows(rows(q), k, v, rows(mask), scale, softcap)
+
+    out = jax.lax.map(step, jnp.arange(blocks))  # [blocks, batch, query_block, heads * head_dim]
+    whole = jnp.moveaxis(out[:-1], 0, 1).reshape(batch, (blocks - 1) * query_block, heads * head_dim)
+    return jnp.concatenate([whole, out[-1][:, query_block - rest:]], axis=1)
+
+
+def _attend_rows(
+    q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: float, softcap: float | None
+) -> jax.Array:
+    """`attend` of queries `q: [batch, rows, heads, d]` with `mask: [batch, rows, keys]`, all at once."""
+    batch, rows, heads, head_dim = q.shape
+    kv_heads = k.shape[2]
+    q = q.reshape(batch, rows, kv_heads, heads // kv_heads, head_dim)
     scores = jnp.einsum("bskgd,btkd->bkgst", q, k, preferred_element_type=jnp.float32)
     scores = jnp.where(mask[:, None, None], _scaled(scores, scale, softcap), _MASKED)
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
     out = jnp.einsum("bkgst,btkd->bskgd", probs, v)
-    return out.reshape(batch, seq, heads * head_dim)
+    return out.reshape(batch, rows, heads * head_dim)
 
 
 def write_cache(
