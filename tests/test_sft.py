@@ -15,6 +15,7 @@ OVERRIDES = [
     "env.name=corridor", "env.options={length: 4, eps: 0.1}",
     "model.hidden_size=64", "model.intermediate_size=128", "model.num_hidden_layers=1",  # 2 layers: the same numbers
     "budget.budgets=[8]", "rollout.max_turns=12", "rollout.max_reply_tokens=4", "rollout.max_len=352",
+    "rollout.compact_min_rows=0",  # 32-row evaluations: compaction (its own test) would compile a second turn
     "sft.steps=80", "sft.batch_size=32", "sft.noise=0.25", "sft.demo_turns=6",
     "sft.optim.lr=0.005", "sft.optim.warmup_steps=10", "sft.optim.schedule=constant",
     "eval.ts=[4,8]", "eval.ks=[1]", "eval.attempts=1", "eval.num_tasks=32",

@@ -109,8 +109,9 @@ class EvalResult:
         if 1 in self.ks:
             est, lo, hi = self.pass1()
             j = int(np.argmin(est))
-            out["pass1_min_over_T"] = {"T": self.ts[j], "mean": float(est[j]), "lower": float(lo[j]), "upper": float(hi[j])}
-            out["pass1_at_max_T"] = {"T": self.ts[-1], "mean": float(est[-1]), "lower": float(lo[-1]), "upper": float(hi[-1])}
+            n = self.num_tasks
+            out["pass1_min_over_T"] = {"T": self.ts[j], **Interval(float(est[j]), float(lo[j]), float(hi[j]), n).to_dict()}
+            out["pass1_at_max_T"] = {"T": self.ts[-1], **Interval(float(est[-1]), float(lo[-1]), float(hi[-1]), n).to_dict()}
             out["pass1_by_T"] = {str(t): float(v) for t, v in zip(self.ts, est)}
         area = mean_interval(self.per_task.mean(axis=(1, 2)), key=7, num_resamples=self.surface.num_resamples)
         out["area"] = area.to_dict()
