@@ -117,6 +117,7 @@ class SFTCfg:
     noise: float = 0.25  # probability of a random wrong action in a demonstration turn
     recovery: float = 0.25  # fraction of demonstrations that go on after the demonstrator's first mistake (showing the repair); the rest end there
     demo_turns: int = 12  # turns per demonstration
+    checkpoint_minutes: float = 5.0  # a checkpoint at the first log step this long after the last one (0: at every log step); a killed run resumes from it, bitwise
     optim: OptimCfg = field(default_factory=lambda: OptimCfg(lr=3e-3, warmup_steps=20))  # SFT optimizer
 
 

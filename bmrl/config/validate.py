@@ -369,6 +369,7 @@ def validate(cfg: Config) -> None:
         _check_optim(key, o)
     _in_range("sft.noise", cfg.sft.noise, 0, 1, hi_open=True)
     _in_range("sft.recovery", cfg.sft.recovery, 0, 1)
+    _in_range("sft.checkpoint_minutes", cfg.sft.checkpoint_minutes, 0, math.inf, hi_open=True)
     _positive(cfg.sft, "sft", ("batch_size", "demo_turns"))
     _positive(cfg.sft, "sft", ("steps",), minimum=0)
     _one_of("eval.mode", e.mode, MODES)
