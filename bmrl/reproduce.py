@@ -35,6 +35,7 @@ from functools import partial
 from typing import Any
 
 from bmrl.config import Config, build, check_reproduce, save, to_dict
+from bmrl.rundir import RunDir
 from bmrl.study.findings import BASE, GROUPS, pool, study_findings, unit_metrics
 from bmrl.study.report import finding_sentences, per_seed_table, report_md, summary_table
 
@@ -56,7 +57,7 @@ def stage_config(cfg: Config, seed: int, out_dir: str, **sections: dict) -> Conf
 def _evaluate_seed(cfg: Config, eval_cfg: Config, seed: int, dirs: dict[str, str], stages, results_path: str) -> None:
     """The evaluation stage of one seed: every policy, its per-seed report, results.json (the stage's
     mark); skipped when results.json exists, made with the same evaluation config."""
-    from bmrl.build import load_policy
+    from bmrl.build import env_name, load_policy
     from bmrl.eval.report import write_report
     from bmrl.eval.run import evaluate_policies
     from bmrl.eval.saved import load_results, save_results
@@ -71,19 +72,16 @@ def _evaluate_seed(cfg: Config, eval_cfg: Config, seed: int, dirs: dict[str, str
                                 log=stages.note)
     stages.note("writing the per-seed report")
     write_report(eval_cfg.out_dir, results, baseline=BASE, title=f"bmrl reproduce, seed {seed}",
-                 settings={"seed": seed, "env": f"{env_label(cfg)} {dict(cfg.env.options)}"})
+                 settings={"seed": seed, "env": f"{env_name(cfg)} {dict(cfg.env.options)}"})
     save_results(results_path, results, to_dict(eval_cfg))
     stages.finish()
 
 
-def env_label(cfg: Config) -> str:
-    """The environment as reports name it: a JAX env's name, a Python env's entry."""
-    return cfg.env.entry if cfg.env.kind == "python" else cfg.env.name
-
-
 def not_measured(cfg: Config) -> list[str]:
-    """What the study could not measure on this env, in sentences (empty for a JAX env)."""
-    if cfg.env.kind != "python":
+    """What the study could not measure on this env, in sentences (none where the env's states replay)."""
+    from bmrl.build import replays_states
+
+    if replays_states(cfg):
         return []
     return [f"Decision accuracy on a fixed probe set of noisy-oracle states (eval.probe_states, reproduce.probe_noise) "
             f"and success with an error injected (reproduce.inject_turns) were not measured: both replay a JAX env's "
@@ -177,7 +175,7 @@ def reproduce(cfg: Config, *, log: Callable[[str], Any] = print, stages=None) ->
 def _render(cfg: Config, names: list[str], per_seed: list[dict], seed_results: list[dict], ks, ts,
             seed_reports: list[str], stage_times: dict) -> dict:
     """Findings, verdicts, table, figures, report.md and summary.json from the per-seed results."""
-    from bmrl.build import suite_line, suite_summary
+    from bmrl.build import env_name, suite_line, suite_summary
     from bmrl.study.figures import study_figures
 
     rep, out = cfg.reproduce, cfg.out_dir
@@ -194,17 +192,16 @@ def _render(cfg: Config, names: list[str], per_seed: list[dict], seed_results: l
     suites = suite_summary(data_cfg)  # how the test levels were held out; overlap with training levels
     wall = sum(v for v in stage_times.values() if v is not None)
     missing = not_measured(cfg)
-    report = report_md(cfg, env_label(cfg), sentences + ["Measured:"] + details, table_md, figures, seed_reports, wall, len(rep.seeds),
+    report = report_md(cfg, env_name(cfg), sentences + ["Measured:"] + details, table_md, figures, seed_reports, wall, len(rep.seeds),
                        pooled[BASE]["surface"].shape[0], study, seeds_md, suite_line(suites), missing)
-    with open(os.path.join(out, "report.md"), "w") as fh:
-        fh.write(report)
+    run_dir = RunDir(out)
+    run_dir.write_text("report.md", report)
     summary = {"findings": study.to_dict(), "sentences": sentences, "details": details, "table": table, "wall_time_s": wall,
                "stage_times_s": stage_times, "seeds": list(rep.seeds), "per_seed": seed_rows,
                "units": int(pooled[BASE]["surface"].shape[0]),
                "figures": {k: os.path.relpath(v, out) for k, v in figures.paths.items()},
                "colour_scales": figures.scales, "suites": suites, "not_measured": missing}
-    with open(os.path.join(out, "summary.json"), "w") as fh:
-        json.dump(summary, fh, indent=2, default=float)
+    run_dir.write_json("summary.json", summary, default=float)
     return {**summary, "table_md": table_md}
 
 

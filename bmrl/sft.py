@@ -15,12 +15,14 @@ oracle played from the host on its `info["next_oracle_action"]` (`bmrl.learn.hos
 `check_demos` refuses an env without it), the tasks are its task file's train lines, and a
 demonstration is at most `rollout.max_len` tokens (later observations are known only as the env runs).
 The run directory follows the rule of `bmrl.rundir` (refused when not writable or made with other
-settings; a finished one is returned untouched).
+settings; a finished one is returned untouched); a killed run resumes from its newest checkpoint
+(`<out_dir>/checkpoints`, saved at the log steps) with bitwise the same result.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -31,7 +33,8 @@ import numpy as np
 from flax import nnx
 
 from bmrl.build import Run, build_run, build_tokenizer, check_demos, fitting_cap, load_policy, new_policy
-from bmrl.config import Config
+from bmrl.checkpoint import Checkpointer
+from bmrl.config import Config, to_dict
 from bmrl.eval.run import evaluate_config
 from bmrl.learn.demos import longest_reply
 from bmrl.learn.optim import optimizer_from_config
@@ -104,7 +107,10 @@ def _demo_source(cfg: Config, run: Run, train: Any, key: jax.Array, demo_len: in
 def _fit(cfg: Config, run: Run, params, demos_at: Callable, out_dir: str, log: Callable,
          on_step: Callable[[int, int], Any] | None = None) -> tuple[Any, list, dict]:
     """`sft.steps` optimizer steps on fresh demonstrations; metrics to sft_metrics.jsonl at log steps, where
-    `on_step(steps done, steps)` hears the progress too. Returns (params, losses, the last logged row)."""
+    `on_step(steps done, steps)` hears the progress too, and a checkpoint is saved once `sft.checkpoint_minutes`
+    passed since the last (the training loop's `Checkpointer`, keeping `checkpoint.keep`; a save costs
+    seconds, a step far less): a killed run resumes from the newest one, bitwise as if uninterrupted
+    (step s's demonstrations are a function of the seed and s). Returns (params, losses, the last logged row)."""
     s = cfg.sft
     tx = optimizer_from_config(s.optim, s.steps)
     graphdef, params = nnx.split(params)
@@ -112,12 +118,18 @@ def _fit(cfg: Config, run: Run, params, demos_at: Callable, out_dir: str, log: C
     max_targets = s.demo_turns * (longest_reply(run.env, run.fmt, cfg.rollout.max_reply_tokens) + 1)  # reply + stop
     step_fn = make_sft_step(graphdef, tx, max_targets)
     t_train, log_every = time.time(), max(1, s.steps // 10)
+    saved_at = t_train
     pending: list[tuple[int, dict]] = []  # device metrics, fetched at log steps (keeps dispatch async)
-    losses: list[float] = []
-    last: dict[str, float] = {}
-    logger = MetricsLogger(out_dir, tensorboard=False, name="sft_metrics.jsonl")  # the training loop's logger
+    ckpt = Checkpointer(os.path.join(out_dir, "checkpoints"), keep=cfg.checkpoint.keep)
+    start, losses, last, records = 0, [], {}, None  # losses: every step's; last: the last logged row
+    restored = ckpt.restore_latest({"params": params, "opt_state": opt_state})
+    if restored is not None:
+        (params, opt_state), meta = (restored[0]["params"], restored[0]["opt_state"]), restored[1]
+        start, losses, last, records = int(meta["step"]), meta["losses"], meta["last"], meta["metrics_records"]
+        log(f"sft: resumed from {ckpt.directory} at step {start}")
+    logger = MetricsLogger(out_dir, tensorboard=False, name="sft_metrics.jsonl", keep_records=records)  # the loop's logger
     try:
-        for step in range(s.steps):
+        for step in range(start, s.steps):
             d = demos_at(step)
             params, opt_state, m = step_fn(params, opt_state, d.tokens, d.length, d.loss_mask)
             pending.append((step, m))
@@ -131,11 +143,17 @@ def _fit(cfg: Config, run: Run, params, demos_at: Callable, out_dir: str, log: C
                     losses.append(row["loss"])
                     logger.write(i, row)
                 pending.clear()
+                if time.time() - saved_at >= 60 * s.checkpoint_minutes:
+                    saved_at = time.time()
+                    ckpt.save(step + 1, {"params": params, "opt_state": opt_state},
+                              {"config": to_dict(cfg), "losses": losses, "last": last, "metrics_records": logger.count})
+                    ckpt.commit()  # written before the next step donates the buffers
                 if on_step is not None:
                     on_step(step + 1, s.steps)
                 log(f"sft step {step:5d}  loss {last['loss']:.4f}  token acc {last['token_acc']:.3f}  ({elapsed:.1f}s)")
     finally:
         logger.close()
+        ckpt.close()
     jax.block_until_ready(params)
     return nnx.merge(graphdef, params), losses, last
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from bmrl import budget
-from bmrl.budget import Budget, BudgetError
+from bmrl.budget import BudgetError
 
 
 def test_fixed_is_constant():
@@ -55,7 +55,7 @@ def test_support_and_extremes():
         (lambda: budget.mix([4, 8], [0.5]), "one probability per cap"),
         (lambda: budget.mix([4, 8], [1.5, -0.5]), ">= 0"),
         (lambda: budget.uniform(5, 2), "lo <= hi"),
-        (lambda: Budget("gaussian", budgets=(4,)), "valid kinds: fixed, mix, uniform"),
+        (lambda: budget.make("gaussian", budgets=(4,)), "valid kinds: fixed, mix, uniform"),
         (lambda: budget.mix([], []), "at least one"),
     ],
 )
@@ -67,3 +67,48 @@ def test_invalid_budgets_raise(make, match):
 def test_batch_not_multiple_of_group():
     with pytest.raises(BudgetError, match="multiple of group_size"):
         budget.fixed(4).sample(jax.random.key(0), 10, group_size=4)
+
+
+def test_a_new_sampler_is_one_registered_class(monkeypatch):
+    """A `@budget.sampler` class is a budget kind of the config: its own keys (`budget.options`) reach it,
+    validation reads the registry (an unknown option, its own check and a key of another kind are refused,
+    each naming its key), the study's report describes it, and its caps are drawn like every kind's."""
+    import dataclasses
+
+    from bmrl.config import ConfigError, build, make_budget
+
+    monkeypatch.setattr(budget, "SAMPLERS", dict(budget.SAMPLERS))
+
+    @budget.sampler("two_point")
+    @dataclasses.dataclass(frozen=True)
+    class TwoPoint(budget.Budget):
+        budgets: tuple[int, ...]
+        p_short: float = 0.5
+
+        def __post_init__(self):
+            if not 0 <= self.p_short <= 1:
+                raise BudgetError(f"p_short must be in [0, 1], got {self.p_short}.", "p_short")
+
+        @property
+        def support(self):
+            return tuple(sorted(set(self.budgets)))
+
+        def describe(self):
+            return f"two_point {list(self.budgets)} p_short={self.p_short}"
+
+        def draw(self, key, n):
+            short = jax.random.uniform(key, (n,)) < self.p_short
+            return jnp.where(short, min(self.budgets), max(self.budgets)).astype(jnp.int32)
+
+    base = ["budget.kind=two_point", "budget.budgets=[2,6]"]
+    b = make_budget(build({}, base + ["budget.options={p_short: 0.25}"]).budget)
+    assert isinstance(b, TwoPoint) and b.p_short == 0.25 and b.cap_range == (2, 6) and b.describe().startswith("two_point")
+    caps = np.asarray(b.sample(jax.random.key(0), 4000, group_size=2))
+    assert set(np.unique(caps)) == {2, 6} and abs((caps == 2).mean() - 0.25) < 0.03
+    assert np.all(caps.reshape(-1, 2) == caps.reshape(-1, 2)[:, :1])  # shared in each group, as every kind
+    for over, match in (("budget.options={q: 1}", "budget.options.q: is not an option of budget kind two_point; its options: p_short"),
+                        ("budget.options={p_short: 2}", r"budget.options.p_short: p_short must be in \[0, 1\]"),
+                        ("budget.probs=[0.5,0.5]", "budget.probs: applies to kind=mix only"),
+                        ("budget.kind=gaussian", "budget.kind")):
+        with pytest.raises(ConfigError, match=match):
+            build({}, base + [over])

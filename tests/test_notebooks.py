@@ -122,6 +122,7 @@ def test_quickstart_notebook(tmp_path, kernel):
         "sft.batch_size=8", "train.tasks_per_step=4", "train.group_size=8",  # 32 rollouts = 8 tasks x 4 T
         "eval.bootstrap=50", "eval.probe_states=0", "data.train_size=64", "data.test_size=16",
         "model.hidden_size=32", "model.intermediate_size=64", "model.num_hidden_layers=1",  # compile-bound: a smaller graph
+        "rollout.compact_min_rows=0",  # no second copy of the turn for the 32-row batches (tested in test_rollout.py)
     ]
     params = dict(SFT_STEPS=10, RL_STEPS=2, NUM_TASKS=8, ATTEMPTS=4, OUT_DIR=str(out), EXTRA_OVERRIDES=extra)
     nb, s = run_notebook("quickstart.ipynb", params, kernel, timeout=900)

@@ -18,10 +18,12 @@ from tests.test_markdown import gfm_tables
 LINE = re.compile(r"^\[stage (\d+)/(\d+)\] (seed \d+ - (?:SFT|RL \S+|eval)) - (.+)$")
 TINY = ["sft.steps=3", "sft.batch_size=4", "train.steps=2", "train.tasks_per_step=2", "train.group_size=2",
         "eval.num_tasks=4", "eval.attempts=4", "eval.ks=[1,4]", "eval.ts=[4,5,8]",
-        "reproduce.small_t=5",  # F1's small T inside the grid, not its smallest: the report must say T=5 throughout "eval.probe_states=8",
+        "reproduce.small_t=5",  # F1's small T inside the grid, not its smallest: the report must say T=5 throughout
+        "eval.probe_states=8",
         "eval.bootstrap=20", "data.train_size=64", "data.test_size=16", "reproduce.variants.budgetmix.budgets=[4,8]",
         # A smaller model than quickstart's (nothing here depends on its size): the study is compile-bound.
-        "model.hidden_size=32", "model.intermediate_size=64", "model.num_hidden_layers=1"]
+        "model.hidden_size=32", "model.intermediate_size=64", "model.num_hidden_layers=1",
+        "rollout.compact_min_rows=0"]  # 48-row evaluations: no second copy of the turn (tested in test_rollout.py)
 
 
 class Clock:

@@ -389,3 +389,39 @@ def test_compaction_gathers_every_env_state(name, tiny_tokenizer):
     assert compacting.compact_chunk(4) == 2
     _assert_same(full, rollout(policy, env, tasks, caps, key, compacting))
     assert (np.asarray(full.turns_used) <= np.asarray(caps)).all() and int(np.asarray(full.turns_used).max()) > 1
+
+
+def test_unrolled_threefry_draws_the_same_bits():
+    """`bmrl.sampling` lowers threefry unrolled on CPU (the suite runs the rolled lowering,
+    BMRL_ROLLED_THREEFRY=1, which compiles faster): both give the same keys, bits and samples; the unrolled
+    program really has no loop."""
+    script = textwrap.dedent(
+        """
+        import os
+        assert os.environ["BMRL_ROLLED_THREEFRY"] == "1"
+        import jax, jax.numpy as jnp, numpy as np
+        from bmrl import sampling
+
+        def draws(key):
+            a, b = jax.random.split(key)
+            return (jax.random.bits(a, (64,)), jax.random.categorical(b, jnp.log(jnp.array([0.2, 0.3, 0.5])), shape=(256,)),
+                    jax.random.randint(jax.random.fold_in(key, 3), (64,), 1, 9), jax.random.key_data(jax.random.split(b, 4)))
+
+        key = jax.random.key(7)
+        assert not sampling.UNROLLED_THREEFRY
+        rolled_hlo = jax.jit(draws).lower(key).as_text()
+        rolled = jax.device_get(jax.jit(draws)(key))
+        assert sampling.unroll_threefry_on_cpu()
+        jax.clear_caches()
+        unrolled_hlo = jax.jit(draws).lower(key).as_text()
+        unrolled = jax.device_get(jax.jit(draws)(key))
+        assert "stablehlo.while" in rolled_hlo and "stablehlo.while" not in unrolled_hlo
+        for x, y in zip(rolled, unrolled):
+            np.testing.assert_array_equal(x, y)
+        print("SAME_BITS")
+        """
+    )
+    env = dict(os.environ, BMRL_ROLLED_THREEFRY="1", JAX_PLATFORMS="cpu")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run([sys.executable, "-c", script], env=env, cwd=root, capture_output=True, text=True, timeout=300)
+    assert "SAME_BITS" in out.stdout, out.stdout[-2000:] + out.stderr[-4000:]

@@ -3,9 +3,11 @@
 import json
 import os
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
 from bmrl.config import ConfigError, build
 from bmrl.sft import run_sft
@@ -15,6 +17,7 @@ OVERRIDES = [
     "env.name=corridor", "env.options={length: 4, eps: 0.1}",
     "model.hidden_size=64", "model.intermediate_size=128", "model.num_hidden_layers=1",  # 2 layers: the same numbers
     "budget.budgets=[8]", "rollout.max_turns=12", "rollout.max_reply_tokens=4", "rollout.max_len=352",
+    "rollout.compact_min_rows=0",  # 32-row evaluations: compaction (its own test) would compile a second turn
     "sft.steps=80", "sft.batch_size=32", "sft.noise=0.25", "sft.demo_turns=6",
     "sft.optim.lr=0.005", "sft.optim.warmup_steps=10", "sft.optim.schedule=constant",
     "eval.ts=[4,8]", "eval.ks=[1]", "eval.attempts=1", "eval.num_tasks=32",
@@ -61,6 +64,44 @@ def test_outputs_load_back_identically(sft_run):
 
     again = load(os.path.join(out, "config.yaml"))
     assert again == cfg
+
+
+class Killed(Exception):
+    """Stands in for a kill: raised from SFT's progress hook right after a checkpoint."""
+
+
+def test_killed_sft_resumes_bitwise(sft_run, tmp_path, monkeypatch):
+    """An SFT run stopped after its step-41 checkpoint (of 80; saved at every log step here, keeping 2) and run again
+    resumes there, and ends exactly as the uninterrupted run (the module's): bitwise the same weights, the
+    same sft_metrics.jsonl (times aside) and summary; the steps before the checkpoint are not redone. The
+    evaluations, a function of the weights, are the module run's (each would compile its programs again)."""
+    import bmrl.sft
+
+    cfg0, ref, ref_model = sft_run
+    cfg = build({}, OVERRIDES + [f"out_dir={tmp_path / 'run'}", "checkpoint.keep=2", "sft.checkpoint_minutes=0"])
+    initial = {"greedy": {**ref["eval"]["greedy"], "success": ref["init_success_greedy"]}}
+    monkeypatch.setattr(bmrl.sft, "evaluate_policy", lambda *a, **k: initial if a[6:] == (("greedy",),) else ref["eval"])
+
+    def kill(done, steps):
+        if done == 41:
+            raise Killed
+
+    with pytest.raises(Killed):
+        run_sft(cfg, log=lambda _: None, on_step=kill)
+    assert not (tmp_path / "run" / "summary.json").exists()
+    assert sorted(os.listdir(tmp_path / "run" / "checkpoints")) == ["33", "41"]
+    lines = []
+    summary, model = run_sft(cfg, log=lines.append, return_model=True)
+    assert any(line.startswith("sft: resumed from ") and line.endswith("at step 41") for line in lines), lines
+    assert [int(line.split()[2]) for line in lines if line.startswith("sft step")] == [48, 56, 64, 72, 79]  # 41.. only
+    a, b = nnx.state(ref_model, nnx.Param), nnx.state(model, nnx.Param)
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    untimed = lambda rows: [{k: v for k, v in r.items() if k != "time_s"} for r in rows]  # noqa: E731
+    metrics = [untimed(map(json.loads, open(os.path.join(c.out_dir, "sft_metrics.jsonl")))) for c in (cfg0, cfg)]
+    assert metrics[0] == metrics[1] and len(metrics[1]) == cfg.sft.steps
+    timeless = lambda s: {k: v for k, v in s.items() if k not in ("train_time_s", "wall_time_s", "policy_dir")}  # noqa: E731
+    assert timeless(summary) == timeless(ref)
 
 
 def test_bad_sft_config_exits_2_and_writes_nothing(tmp_path, capsys):

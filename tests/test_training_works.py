@@ -13,7 +13,9 @@ WORKS = dict(
     budget={"kind": "fixed", "budgets": [6]},
     # 1 layer (the default tiny model has 2): measured the same gain, 0.104 -> 0.354, at 2/3 of the cost.
     model={"num_hidden_layers": 1},
-    rollout={"max_turns": 12, "max_reply_tokens": 4, "max_len": 288},
+    # No live-row compaction (tested in test_rollout.py, where it changes nothing but the work): the 64-row
+    # batches and 96-row evaluations would each compile a second copy of the turn.
+    rollout={"max_turns": 12, "max_reply_tokens": 4, "max_len": 288, "compact_min_rows": 0},
     sft={"steps": 80, "batch_size": 16, "noise": 0.4, "demo_turns": 6},
     train={"steps": 20, "tasks_per_step": 8, "group_size": 8, "advantage": "grpo", "loss": "ppo",
            "optim": {"lr": 1e-3, "warmup_steps": 0, "schedule": "constant"}},

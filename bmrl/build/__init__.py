@@ -18,12 +18,14 @@ from bmrl.build.env import (
     SIZE_KEYS,
     env_label,
     env_line,
+    env_name,
     host_config,
     make_env,
     mesh_config,
     python_parts,
     python_sizes,
     python_splits,
+    replays_states,
     rollout_config,
     run_format,
 )
@@ -37,7 +39,7 @@ from bmrl.config import make_budget  # noqa: F401 - re-exported: the budget of a
 __all__ = [
     "HostPlayer", "JaxPlayer", "Run", "SIZE_KEYS", "build_reproduce_run", "build_run", "build_tokenizer", "check_demos",
     "check_fits", "data_dir", "fitting_cap",
-    "env_label", "env_line", "eval_split", "host_config", "init_policy", "load_policy", "make_env", "make_player", "mesh_config",
-    "model_config", "new_policy", "python_parts", "python_sizes", "python_splits", "rollout_config", "run_format",
+    "env_label", "env_line", "env_name", "eval_split", "host_config", "init_policy", "load_policy", "make_env", "make_player", "mesh_config",
+    "model_config", "new_policy", "python_parts", "python_sizes", "python_splits", "replays_states", "rollout_config", "run_format",
     "run_splits", "split_tasks", "suite_line", "suite_sizes", "suite_summary",
 ]

@@ -40,6 +40,17 @@ def env_label(cfg: Config) -> str:
     return f"python {cfg.env.entry}" if is_host(cfg) else cfg.env.name
 
 
+def env_name(cfg: Config) -> str:
+    """The environment as the study's reports name it: a JAX env's name, a Python env's entry."""
+    return cfg.env.entry if is_host(cfg) else cfg.env.name
+
+
+def replays_states(cfg: Config) -> bool:
+    """Whether probes and error injection can replay the env's oracle states (a JAX env's; a Python env's
+    states live in user code): its player's `replays_states`."""
+    return not is_host(cfg)
+
+
 def env_line(cfg: Config) -> str:
     """The environment as an evaluation report's settings state it: name (or entry and task file) and options."""
     if is_host(cfg):
@@ -178,5 +189,5 @@ def mesh_config(cfg: Config):
     return mesh
 
 
-__all__ = ["SIZE_KEYS", "env_label", "env_line", "host_config", "is_host", "make_env", "mesh_config", "python_parts", "python_sizes",
-           "python_splits", "rollout_config", "run_format"]
+__all__ = ["SIZE_KEYS", "env_label", "env_line", "env_name", "host_config", "is_host", "make_env", "mesh_config", "python_parts",
+           "python_sizes", "python_splits", "replays_states", "rollout_config", "run_format"]

@@ -6,11 +6,12 @@
     play = player.playing(graphdef, rollout_cfg, mesh)    # compiled once
     traj, faults = play(params, rows, caps, key)          # one batch of episodes; faults: None (JAX) or a list
     demos = player.demos(rows, key, num_turns=..., ...)   # SFT demonstrations (the noisy oracle)
+    evaluate(..., runner=player.evaluation_runner)        # how the evaluator plays its rows
 
 `JaxPlayer` plays a built-in env in one compiled loop (`bmrl.rollout.engine`); `HostPlayer` plays a
 Python env from the host on the same compiled turn (`bmrl.rollout.pyenv`). Train, SFT, evaluation,
 compare and reproduce use this protocol and never ask which kind they have; the evaluator gets
-`player.env` (and a player's tasks), whose runner it picks itself.
+`player.env`, a player's tasks and the player's `evaluation_runner`.
 """
 
 from __future__ import annotations
@@ -25,10 +26,12 @@ import numpy as np
 from flax import nnx
 
 from bmrl.build.tasks import split_tasks
+from bmrl.eval.evaluate import Runner, engine_runner
 from bmrl.learn.demos import Demos, demo_tokens_needed, make_demos
 from bmrl.learn.host_demos import make_host_demos
 from bmrl.parallel import shard_batch
 from bmrl.rollout import Injection, make_rollout
+from bmrl.rollout.pyenv import host_format
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -72,6 +75,11 @@ class JaxPlayer:
         """The noisy oracle's demonstrations of `rows` (`bmrl.learn.demos.make_demos`, one jit)."""
         return make_demos(self.env, self.fmt, jax.tree.map(jnp.asarray, rows), key, **kw)
 
+    def evaluation_runner(self, *args: Any) -> Runner:
+        """The evaluator's `Runner` (`bmrl.eval.evaluate`): the compiled episode engine, model or scripted
+        policies, with error injection."""
+        return engine_runner(*args)
+
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class HostPlayer:
@@ -110,6 +118,22 @@ class HostPlayer:
     def demos(self, rows: list, key: Any, **kw: Any) -> Demos:
         """The noisy oracle played from the host on `info["next_oracle_action"]` (`bmrl.learn.host_demos`)."""
         return make_host_demos(self.env, self.fmt, rows, key, **kw)
+
+    def evaluation_runner(self, policy: Any, env: Any, tasks: list, fmt: Any, rollout_cfg: Any, inject: Any,
+                          min_cap: int) -> Runner:
+        """The evaluator's `Runner` (`bmrl.eval.evaluate`): a model policy played from the host, rows naming
+        their task by index (`PythonEnv.runner`), faults counted. Scripted policies and error injection need
+        a JAX env's states."""
+        if not isinstance(policy, nnx.Module):
+            raise TypeError("a Python environment is played by a model policy (an nnx.Module); scripted policies "
+                            "act on a JAX env's states.")
+        if np.asarray(inject.turns).any() and float(np.asarray(inject.prob)) > 0:
+            raise ValueError("error injection needs a JAX environment (its oracle picks the wrong action); evaluate "
+                             "a Python environment without inject.")
+        tasks = list(tasks)
+        run, trace_count = env.runner(policy, fmt or host_format(env), rollout_cfg, tasks)
+        return Runner(run, trace_count, {"index": np.arange(len(tasks), dtype=np.int32)},
+                      faults=lambda: len(run.faults), on_host=True)
 
 
 __all__ = ["HostPlayer", "JaxPlayer"]

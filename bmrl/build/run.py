@@ -13,7 +13,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from bmrl.build.env import is_host, make_env, mesh_config, python_parts, rollout_config, run_format
+from bmrl.build.env import (env_name, is_host, make_env, mesh_config, python_parts, replays_states, rollout_config,
+                             run_format)
 from bmrl.build.players import HostPlayer, JaxPlayer
 from bmrl.build.policy import build_tokenizer
 from bmrl.build.checks import check_demos, check_fits
@@ -23,8 +24,9 @@ from bmrl.config import Config, check_reproduce, make_budget
 def make_player(cfg: Config, env: Any, fmt: Any) -> JaxPlayer | HostPlayer:
     """The player of `env` (module `bmrl.build.players`): the one place a run's env kind picks its path."""
     if is_host(cfg):
-        return HostPlayer(env, fmt, label=cfg.env.entry, options=dict(cfg.env.options))
-    return JaxPlayer(cfg, env, fmt, label=f"{env.name} {env.options}", options=dict(env.options))
+        return HostPlayer(env, fmt, label=env_name(cfg), options=dict(cfg.env.options), replays_states=replays_states(cfg))
+    return JaxPlayer(cfg, env, fmt, label=f"{env.name} {env.options}", options=dict(env.options),
+                     replays_states=replays_states(cfg))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -76,6 +76,7 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace, cfg) -> int:
     from bmrl import build as pol
     from bmrl.config import check_probes
+    from bmrl.eval.bootstrap import Interval
     from bmrl.eval.report import write_report
     from bmrl.eval.run import evaluate_policies
 
@@ -103,7 +104,7 @@ def _run(args: argparse.Namespace, cfg) -> int:
         s = summary[name]
         if "pass1_at_max_T" in s:
             p1 = s["pass1_at_max_T"]
-            print(f"{name}: Pass@(1,{p1['T']}) = {p1['mean']:.3f} [{p1['lower']:.3f}, {p1['upper']:.3f}]")
+            print(f"{name}: Pass@(1,{p1['T']}) = {Interval.of(p1).format()}")
     for label, c in summary["comparisons"].items():
         print(c["verdict"])
     print("wrote " + ", ".join(paths.values()))

@@ -58,13 +58,15 @@ class EnvCfg:
 
 @dataclass
 class BudgetCfg:
-    """Turn caps per rollout: fixed (budgets[0]), mix (budgets with probs), uniform (lo..hi)."""
+    """Turn caps per rollout: fixed (budgets[0]), mix (budgets with probs), uniform (lo..hi); a kind is a
+    sampler of `bmrl.budget.SAMPLERS`, which reads the keys it names (a new one's own keys: `options`)."""
 
-    kind: str = "fixed"  # fixed | mix | uniform
+    kind: str = "fixed"  # a sampler of bmrl.budget.SAMPLERS: fixed | mix | uniform
     budgets: list[int] = field(default_factory=lambda: [8])  # turn caps; fixed takes exactly one
     probs: Optional[list[float]] = None  # mix only; null = uniform over budgets
     lo: int = 1  # uniform only: smallest cap
     hi: int = 8  # uniform only: largest cap
+    options: dict[str, Any] = field(default_factory=dict)  # keys of a sampler beyond budgets/probs/lo/hi (its dataclass fields)
     share_in_group: bool = True  # the attempts of one task share a cap
 
 
@@ -115,6 +117,7 @@ class SFTCfg:
     noise: float = 0.25  # probability of a random wrong action in a demonstration turn
     recovery: float = 0.25  # fraction of demonstrations that go on after the demonstrator's first mistake (showing the repair); the rest end there
     demo_turns: int = 12  # turns per demonstration
+    checkpoint_minutes: float = 5.0  # a checkpoint at the first log step this long after the last one (0: at every log step); a killed run resumes from it, bitwise
     optim: OptimCfg = field(default_factory=lambda: OptimCfg(lr=3e-3, warmup_steps=20))  # SFT optimizer
 
 

@@ -93,19 +93,26 @@ def make_budget(b: BudgetCfg, prefix: str = "budget"):
     """
     from bmrl import budget as budget_lib
 
-    _one_of(f"{prefix}.kind", b.kind, budget_lib.KINDS)
-    if b.probs is not None and b.kind != "mix":
-        raise ConfigError(f"{prefix}.probs", f"applies to kind=mix only; remove it (or null it) for kind={b.kind}.")
+    _one_of(f"{prefix}.kind", b.kind, tuple(budget_lib.SAMPLERS))
+    takes = budget_lib.fields(b.kind)
+    shared = ("budgets", "probs", "lo", "hi")
+    for name in shared:  # a key that is null by default applies only to the kinds that read it
+        if name not in takes and getattr(BudgetCfg(), name) is None and getattr(b, name) is not None:
+            readers = [k for k in budget_lib.SAMPLERS if name in budget_lib.fields(k)]
+            raise ConfigError(f"{prefix}.{name}", f"applies to kind={'|'.join(readers)} only; remove it (or null it) "
+                              f"for kind={b.kind}.")
+    own = [n for n in takes if n not in shared]
+    for name in b.options:
+        if name not in own:
+            raise ConfigError(f"{prefix}.options.{name}", f"is not an option of budget kind {b.kind}; its options: "
+                              f"{', '.join(own) or 'none'}.")
+    values = {n: getattr(b, n) for n in takes if n in shared} | dict(b.options)
     try:
-        if b.kind == "fixed":
-            if len(b.budgets) != 1:
-                raise ConfigError(f"{prefix}.budgets", f"a fixed budget takes exactly one cap, got {b.budgets}.")
-            return budget_lib.fixed(b.budgets[0])
-        if b.kind == "mix":
-            return budget_lib.mix(b.budgets, b.probs)
-        return budget_lib.uniform(b.lo, b.hi)
+        return budget_lib.make(b.kind, **values)
+    except TypeError as err:  # a required option of the sampler is missing
+        raise ConfigError(f"{prefix}.options", f"budget kind {b.kind} needs {', '.join(own)}: {err}.") from None
     except budget_lib.BudgetError as err:
-        field_ = "probs" if "probabilit" in str(err) else "lo" if b.kind == "uniform" else "budgets"
+        field_ = err.field if err.field in shared else f"options.{err.field}"
         raise ConfigError(f"{prefix}.{field_}", str(err)) from None
 
 
@@ -189,9 +196,6 @@ def _env_options_error(name: str, options: dict) -> str | None:
     return None
 
 
-_ENV_CHECKS: dict[str, str | None] = {}
-
-
 ENV_KINDS = ("jax", "python")
 
 
@@ -249,11 +253,8 @@ def _check_env(cfg: Config, max_cap: int) -> None:
         if name not in valid:
             allowed = ", ".join(f"{k} (default {v!r})" for k, v in valid.items())
             raise ConfigError(f"env.options.{name}", f"is not an option of env {e.name!r}; valid options: {allowed}.")
-    memo = repr((e.name, sorted(e.options.items())))
-    if memo not in _ENV_CHECKS:
-        _ENV_CHECKS[memo] = _env_options_error(e.name, e.options)
-    if _ENV_CHECKS[memo]:
-        msg = _ENV_CHECKS[memo]
+    msg = _env_options_error(e.name, e.options)
+    if msg:
         name = next((n for n in e.options if re.search(rf"\b{re.escape(n)}\b", msg)), None)
         raise ConfigError(f"env.options.{name}" if name else "env.options", msg)
     # bmrl.build.make_env raises the default number table to max_turns; an explicit one must reach every cap.
@@ -368,6 +369,7 @@ def validate(cfg: Config) -> None:
         _check_optim(key, o)
     _in_range("sft.noise", cfg.sft.noise, 0, 1, hi_open=True)
     _in_range("sft.recovery", cfg.sft.recovery, 0, 1)
+    _in_range("sft.checkpoint_minutes", cfg.sft.checkpoint_minutes, 0, math.inf, hi_open=True)
     _positive(cfg.sft, "sft", ("batch_size", "demo_turns"))
     _positive(cfg.sft, "sft", ("steps",), minimum=0)
     _one_of("eval.mode", e.mode, MODES)

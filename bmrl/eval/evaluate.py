@@ -23,10 +23,12 @@ runs. Two policies evaluated with the same key see the same environment randomne
 `(key, env, state) -> action id` (`bmrl.rollout.policies`); both are played by the one episode
 engine with the same caps, keys and error injection: the oracle gives a ground truth for the estimator.
 
-`env` may also be a Python environment (`bmrl.rollout.pyenv.PythonEnv`, tasks a list of dicts): a
-model policy plays it from the host on the same compiled turn (`bmrl.rollout.host`), with the same
-rows, caps and keys, so a wrapped JAX env evaluates to the compiled path's numbers. Error injection
-and scripted policies need a JAX env's states; faults of user code are counted (`EvalResult.faults`).
+How rows are played is a `Runner` made by `runner=` (default `engine_runner`: the compiled episode
+engine). A run's player hands over its own (`bmrl.build.players`, `player.evaluation_runner`): a Python
+environment's (`bmrl.rollout.pyenv.PythonEnv`, tasks a list of dicts) plays a model policy from the host
+on the same compiled turn (`bmrl.rollout.host`), with the same rows, caps and keys, so a wrapped JAX env
+evaluates to the compiled path's numbers; faults of user code are counted (`EvalResult.faults`). The
+evaluator itself never asks which kind of env it has.
 """
 
 from __future__ import annotations
@@ -50,7 +52,6 @@ from bmrl.formats import Format
 from bmrl.rollout.engine import check_config, default_format, episode_program
 from bmrl.rollout.model_policy import ModelPolicy
 from bmrl.rollout.policies import as_policy
-from bmrl.rollout.pyenv import PythonEnv, host_format
 from bmrl.rollout.types import Injection, RolloutConfig, check_caps
 
 MODES = ("exact", "truncate", "both")
@@ -109,8 +110,9 @@ class EvalResult:
         if 1 in self.ks:
             est, lo, hi = self.pass1()
             j = int(np.argmin(est))
-            out["pass1_min_over_T"] = {"T": self.ts[j], "mean": float(est[j]), "lower": float(lo[j]), "upper": float(hi[j])}
-            out["pass1_at_max_T"] = {"T": self.ts[-1], "mean": float(est[-1]), "lower": float(lo[-1]), "upper": float(hi[-1])}
+            n = self.num_tasks
+            out["pass1_min_over_T"] = {"T": self.ts[j], **Interval(float(est[j]), float(lo[j]), float(hi[j]), n).to_dict()}
+            out["pass1_at_max_T"] = {"T": self.ts[-1], **Interval(float(est[-1]), float(lo[-1]), float(hi[-1]), n).to_dict()}
             out["pass1_by_T"] = {str(t): float(v) for t, v in zip(self.ts, est)}
         area = mean_interval(self.per_task.mean(axis=(1, 2)), key=7, num_resamples=self.surface.num_resamples)
         out["area"] = area.to_dict()
@@ -234,13 +236,30 @@ def _turn_logprob(out: Any, n: int, max_turns: int) -> np.ndarray:
 _FIELDS = Episodes.FIELDS + ("overflow", "truncated", "format_error")
 
 
-def _runner(policy: Any, env: Env, fmt: Format | None, cfg: RolloutConfig, inject: Injection):
-    """(run(tasks, caps, keys) -> Trajectory, trace_count) of a model or scripted policy: the engine."""
+@dataclasses.dataclass(frozen=True)
+class Runner:
+    """How `evaluate` plays its rows: `run(tasks, caps, keys) -> Trajectory` on `tasks` (the task tree
+    the rows index, e.g. `{"seed": int32[N]}`), its compile count, and the faults of user code so far
+    (None: the env runs no user code). `on_host`: rows stay on this host (no `place` / `gather`)."""
+
+    run: Callable[[Any, Any, Any], Any]
+    trace_count: Callable[[], int]
+    tasks: Any
+    faults: Callable[[], int] | None = None
+    on_host: bool = False
+
+
+def engine_runner(policy: Any, env: Env, tasks: Any, fmt: Format | None, cfg: RolloutConfig, inject: Injection,
+                  min_cap: int) -> Runner:
+    """The `Runner` of a JAX env: a model or scripted policy played by the compiled episode engine."""
+    if isinstance(policy, nnx.Module):
+        fmt = fmt or default_format(env)
+        check_config(env, fmt, cfg, min_cap)
     spec, params = as_policy(policy, fmt, cfg)
     if not isinstance(spec, ModelPolicy):
         cfg = RolloutConfig(max_turns=cfg.max_turns, max_reply_tokens=1, max_len=1)
     run = episode_program(spec, env, cfg, name="eval_rollout" if isinstance(spec, ModelPolicy) else "episode")
-    return (lambda tasks, caps, keys: run(params, tasks, caps, keys, inject)), run.trace_count
+    return Runner(lambda rows, caps, keys: run(params, rows, caps, keys, inject), run.trace_count, tasks)
 
 
 # ---- the harness ---------------------------------------------------------------------------------
@@ -266,6 +285,7 @@ def evaluate(
     confidence: float = 0.95,
     place: Callable = lambda x: x,
     gather: Callable = np.asarray,
+    runner: Callable[..., Runner] = engine_runner,
 ) -> EvalResult:
     """Pass@(K,T) of `policy` on `tasks` ({"seed": int32[N]} ...) over the grid ks x ts.
 
@@ -276,7 +296,8 @@ def evaluate(
     wrong actions (`Injection.at(max_turns, turns, prob)`). `window`/`errors`: see
     `bmrl.eval.decompose`. Intervals: percentile bootstrap over tasks with `bootstrap` resamples.
     `place`/`gather`: how rows go to the devices and results come back (the training loop shards
-    them over its mesh and gathers across processes); the default is one host.
+    them over its mesh and gathers across processes); the default is one host. `runner(policy, env, tasks,
+    fmt, rollout_cfg, inject, min_cap) -> Runner`: how rows are played (a run's player hands over its own).
     """
     if mode not in MODES:
         raise ValueError(f"mode {mode!r} is unknown; choose one of {', '.join(MODES)}.")
@@ -288,22 +309,13 @@ def evaluate(
     inject = inject if inject is not None else Injection.none(rollout_cfg.max_turns)
     if np.shape(inject.turns) != (rollout_cfg.max_turns,):
         raise ValueError(f"inject.turns must be bool[max_turns={rollout_cfg.max_turns}], got {np.shape(inject.turns)}.")
-    python = isinstance(env, PythonEnv)
-    if python:  # rows name their task by index; the runner hands the dicts to the environments
-        _check_python(policy, inject)
-        task_list, tasks = list(tasks), {"index": np.arange(len(tasks), dtype=np.int32)}
+    played = runner(policy, env, tasks, fmt, rollout_cfg, inject, ts[0])
+    if played.on_host:
         place, gather = (lambda x: x), np.asarray
+    tasks = jax.tree.map(np.asarray, played.tasks)
     num_tasks = _num_tasks(tasks)
-    tasks = jax.tree.map(np.asarray, tasks)
     tmax = ts[-1]
-    if python:
-        fmt = fmt or host_format(env)
-        runner, trace_count = env.runner(policy, fmt, rollout_cfg, task_list)
-    else:
-        if isinstance(policy, nnx.Module):
-            fmt = fmt or default_format(env)
-            check_config(env, fmt, rollout_cfg, ts[0])
-        runner, trace_count = _runner(policy, env, fmt, rollout_cfg, inject)
+    run_rows, trace_count = played.run, played.trace_count
 
     base = num_tasks * attempts
     chunk = max(1, min(int(chunk_size), base))
@@ -313,7 +325,7 @@ def evaluate(
     if mode == "truncate":
         caps = np.full((base,), tmax, np.int32)
         check_caps(caps, rollout_cfg)
-        out = _run_rows(runner, _take(tasks, task_of_row), caps, keys, chunk, place, gather)
+        out = _run_rows(run_rows, _take(tasks, task_of_row), caps, keys, chunk, place, gather)
         fst_max = out["first_success_turn"].reshape(num_tasks, attempts)
         fst = _truncate(fst_max, ts)
         big, grid_action, grid_logprob = out, None, None
@@ -321,7 +333,7 @@ def evaluate(
         # rows (task, attempt, T) with T fastest; the key of a row is its (task, attempt) key.
         caps = np.tile(np.asarray(ts, np.int32), base)
         check_caps(caps, rollout_cfg)
-        out = _run_rows(runner, _take(tasks, np.repeat(task_of_row, len(ts))), caps, np.repeat(keys, len(ts), axis=0), chunk, place, gather)
+        out = _run_rows(run_rows, _take(tasks, np.repeat(task_of_row, len(ts))), caps, np.repeat(keys, len(ts), axis=0), chunk, place, gather)
         fst = out["first_success_turn"].reshape(num_tasks, attempts, len(ts))
         grid_action = out["action"].reshape(num_tasks, attempts, len(ts), -1)
         grid_logprob = out["turn_logprob"].reshape(num_tasks, attempts, len(ts), -1)
@@ -346,7 +358,7 @@ def evaluate(
             f"{int(overflow.sum())} of {overflow.size} attempts ran out of the context buffer "
             f"(max_len={rollout_cfg.max_len}) before their cap: they count as failures. Raise rollout max_len."
         )
-    faults = len(runner.faults) if python else None
+    faults = played.faults() if played.faults is not None else None
     if faults:
         result_warnings.append(f"{faults} resets/steps of {env.name} failed (exceptions, timeouts, bad returns): the "
                                "rows saw 'tool error: ...' observations (see the log for tasks and messages).")
@@ -364,15 +376,6 @@ def evaluate(
         injection=_describe(inject), warnings=result_warnings, compiles=int(compiles), grid_action=grid_action,
         grid_logprob=grid_logprob, faults=faults,
     )
-
-
-def _check_python(policy: Any, inject: Injection) -> None:
-    if not isinstance(policy, nnx.Module):
-        raise TypeError("a Python environment is played by a model policy (an nnx.Module); scripted policies "
-                         "act on a JAX env's states.")
-    if _describe(inject) is not None:
-        raise ValueError("error injection needs a JAX environment (its oracle picks the wrong action); evaluate "
-                         "a Python environment without inject.")
 
 
 def _truncate(fst_max: np.ndarray, ts: Sequence[int]) -> np.ndarray:

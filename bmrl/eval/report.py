@@ -301,7 +301,7 @@ def _markdown(title, description, settings, results, baseline, diffs, comparison
 
     # Headline table and sentences.
     lines += ["## Summary", ""]
-    fmt = lambda d: Interval.of({"num_tasks": first.num_tasks, **d}).format() if d else "n/a"  # noqa: E731
+    fmt = lambda d: Interval.of(d).format() if d else "n/a"  # noqa: E731
     summary_rows = []
     for n, r in results.items():
         s = r.summary()

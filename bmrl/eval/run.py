@@ -28,12 +28,12 @@ def evaluate_config(cfg: Config, run: Any, policy: Any, key: Any, tasks: Any = N
     """The one spelling of "evaluate a policy from a config": `bmrl.eval.evaluate` of `policy` on the
     run's env (`run`, a `bmrl.build.Run`) over its first `eval.num_tasks` test tasks (or `tasks`), on the
     grid eval.ks x eval.ts in eval.mode with eval.attempts and eval.bootstrap, at eval.temperature,
-    in the run's format. `grid`: what a caller evaluates differently (e.g. `ts=[cap], ks=[1], attempts=1`)."""
+    in the run's format, its rows played by the run's player. `grid`: what a caller evaluates differently (e.g. `ts=[cap], ks=[1], attempts=1`)."""
     e = cfg.eval
     tasks = run.player.tasks("test", e.num_tasks) if tasks is None else tasks
     args = dict(ts=e.ts, ks=e.ks, attempts=e.attempts, rollout_cfg=run.eval_rollout, mode=e.mode,
                 bootstrap=e.bootstrap, fmt=run.fmt) | grid
-    return evaluate(policy, run.env, tasks, key=key, **args)
+    return evaluate(policy, run.env, tasks, key=key, runner=run.player.evaluation_runner, **args)
 
 
 def evaluate_policies(

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 
 
-from bmrl.config import Config
+from bmrl.config import Config, make_budget
 from bmrl.eval import markdown
 from bmrl.study.findings import BASE, LEVELS, Study, f2_point
 
@@ -112,8 +112,7 @@ def report_md(cfg: Config, env: str, sentences, table_md, figures, seed_reports,
     """report.md of the study: setup, findings (verdict sentences, then what was measured), per-seed
     values, the summary table, figures and links to the per-seed reports. `env`: the env as named."""
     rep = cfg.reproduce
-    variants = ", ".join(f"`{n}`: {b.kind} {b.budgets if b.kind != 'uniform' else [b.lo, b.hi]}"
-                         + (f" p={b.probs}" if b.probs else "")
+    variants = ", ".join(f"`{n}`: {make_budget(b).describe()}"
                          + (f" + process reward (train.process_coef={rep.process[n]})" if n in rep.process else "")
                          for n, b in rep.variants.items())
     process_note = ([f"Process supervision: variant(s) {', '.join(f'`{n}`' for n in rep.process)} add a step-level reward "
