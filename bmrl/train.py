@@ -49,6 +49,7 @@ from bmrl.learn import optimizer_from_config
 from bmrl.learn import step as step_lib
 from bmrl.metrics import MetricsLogger, Progress, read_jsonl, to_scalar, write_jsonl_atomic
 from bmrl.model import save_pretrained
+from bmrl.model.lora import has_lora, split_lora
 from bmrl.parallel import make_mesh, param_shardings, shard_batch, state_shardings
 from bmrl.rundir import RunDir
 
@@ -182,7 +183,13 @@ class Trainer:
         """Optimizer, memory plan, placed learner, programs and evaluators; the state resumed from the
         newest complete checkpoint, if any (else a fresh one)."""
         cfg, t = self.cfg, self.t
-        self.graphdef, params = nnx.split(policy)
+        self.lora = has_lora(policy)
+        if self.lora:  # train the adapters; the base is frozen, placed once, and the KL reference
+            self.graphdef, params, base = split_lora(policy)
+            self.base = jax.device_put(base, param_shardings(base, self.mesh))
+        else:
+            self.graphdef, params = nnx.split(policy)
+            self.base = None
         optimizer = optimizer_from_config(t.optim, t.steps * t.epochs * t.minibatches, master_f32=t.f32_master)
         plan = memory_lib.plan_for_config(cfg, policy.config, self.mesh, optimizer)
         if jax.process_index() == 0:
@@ -191,7 +198,7 @@ class Trainer:
                 print(f"bmrl train: format: {note}", flush=True)
         plan.check()  # MemoryPlanError (a ConfigError, exit 2) before anything big is allocated
         params, opt_state, self.shardings = place_learner(optimizer, params, self.mesh)
-        self.ref_params = jax.tree.map(jnp.copy, params) if t.kl_coef > 0 else None
+        self.ref_params = self.base if self.lora else jax.tree.map(jnp.copy, params) if t.kl_coef > 0 else None
         state = TrainState(params, opt_state, jax.random.key(cfg.seed))
         self.ckpt = Checkpointer(os.path.join(self.out, "checkpoints"), keep=cfg.checkpoint.keep,
                                  every=cfg.checkpoint.every)
@@ -199,7 +206,8 @@ class Trainer:
         rcfg = self.run.rollout
         self.play = self.player.playing(self.graphdef, rcfg, self.mesh)
         self.update = step_lib.make_update(self.graphdef, optimizer, t, rcfg.sampling.temperature,
-                                           shardings=self.shardings)
+                                           shardings=self.shardings, frozen=self.lora,
+                                           dropout=cfg.model.lora.dropout)
         budget, batch = self.run.budget, self.batch
         self.sample_caps = compiles_lib.counted_jit(
             lambda key: budget.sample(key, batch, t.group_size, cfg.budget.share_in_group), name="budget_sample")
@@ -222,6 +230,10 @@ class Trainer:
         return TrainState(params, opt_state, jax.random.wrap_key_data(jnp.asarray(arrays["key"])), int(meta["step"]),
                           int(meta["data_position"]), RunRecord.from_meta(meta))
 
+    def policy_params(self, params: Any) -> Any:
+        """The whole policy's state: `params`, with LoRA the adapters joined to the frozen base (no copy)."""
+        return nnx.merge_state(params, self.base) if self.lora else params
+
     def compile_counts(self) -> dict[str, int]:
         """Compiles of this run per program (bmrl.compiles), since the run started."""
         now, before = compiles_lib.counts(), self.counted_before
@@ -237,7 +249,7 @@ class Trainer:
                        t.tasks_per_step, cfg.seed)
         rows = self.player.take(self.train_tasks, np.repeat(idx, t.group_size))
         caps = shard_batch(self.sample_caps(jax.random.fold_in(key, 0)), self.mesh)  # as eval caps: one compile
-        traj, faults = self.play(state.params, rows, caps, jax.random.fold_in(key, 1))
+        traj, faults = self.play(self.policy_params(state.params), rows, caps, jax.random.fold_in(key, 1))
         _log_faults(self.out, state.step + 1, faults, rows)
         stats = _rollout_stats(traj) | ({"faults": len(faults)} if faults is not None else {})
         params, opt_state, m = self.update(state.params, state.opt_state, self.ref_params, traj,
@@ -281,7 +293,7 @@ class Trainer:
         """Pass@(1,T) at the state's step: the test split at the first and last step (the gain), validation between."""
         step = state.step
         split = "test" if step in (0, self.t.steps) else eval_split(self.cfg, self.run)
-        res = self.evaluators[split](state.params, jax.random.fold_in(jax.random.fold_in(state.key, EVAL_STREAM), step))
+        res = self.evaluators[split](self.policy_params(state.params), jax.random.fold_in(jax.random.fold_in(state.key, EVAL_STREAM), step))
         state.record.eval_log[step] = res
         prefix = "eval" if split == "test" else "val"
         self.logger.write(step, {f"{prefix}/pass1_T{T}": p for T, (p, _) in res.items()}
@@ -298,7 +310,7 @@ class Trainer:
         """Save the policy (a Hugging Face directory) and return the summary."""
         t, rec = self.t, state.record
         policy_dir = os.path.join(self.out, "policy")
-        save_pretrained(nnx.merge(self.graphdef, state.params), tokenizer, policy_dir)
+        save_pretrained(nnx.merge(self.graphdef, self.policy_params(state.params)), tokenizer, policy_dir)
         log = rec.eval_log
         final_eval = (log.get(t.steps) or log[max(log)]) if log else {}
         first_eval = log[min(log)] if log else {}

@@ -21,6 +21,7 @@ from bmrl.model.config import ConfigError as ModelConfigError
 from bmrl.model.config import ModelConfig
 from bmrl.model.decoder import init_model
 from bmrl.model.hf import TOKENIZER_FILES, CheckpointError, from_pretrained, load_config
+from bmrl.model.lora import LoRASpec, add_lora
 from bmrl.model.tokenizer import load_tokenizer, train_tiny_tokenizer
 from bmrl.rollout.pyenv import DEFAULT_INSTRUCTIONS
 
@@ -88,13 +89,28 @@ def new_policy(cfg: Config, tokenizer):
     return init_model(model_config(cfg, tokenizer), cfg.seed)
 
 
+def lora_spec(cfg: Config) -> LoRASpec:
+    """The `model.lora` section as a `LoRASpec` (rank 0: no adapters)."""
+    lora = cfg.model.lora
+    return LoRASpec(int(lora.rank), float(lora.alpha), tuple(lora.targets), float(lora.dropout))
+
+
+def with_lora(cfg: Config, policy):
+    """`policy` with fresh adapters per `model.lora` (seed `cfg.seed`; A random, B zero: the same
+    outputs as the base), or unchanged at rank 0."""
+    return add_lora(policy, lora_spec(cfg), cfg.seed)
+
+
 def init_policy(cfg: Config, tokenizer=None) -> tuple[Any, Any]:
     """(policy, tokenizer): from `cfg.model.path` (a Hugging Face directory, e.g. an SFT output), or
-    a fresh tiny decoder (seed `cfg.seed`) with `tokenizer` (default: the tiny one, `build_tokenizer`)."""
+    a fresh tiny decoder (seed `cfg.seed`) with `tokenizer` (default: the tiny one, `build_tokenizer`);
+    with `model.lora.rank > 0` the policy carries fresh adapters (`with_lora`)."""
     if cfg.model.path:
-        return load_policy(cfg.model.path)
-    tok = build_tokenizer(cfg) if tokenizer is None else tokenizer
-    return new_policy(cfg, tok), tok
+        policy, tok = load_policy(cfg.model.path)
+    else:
+        tok = build_tokenizer(cfg) if tokenizer is None else tokenizer
+        policy = new_policy(cfg, tok)
+    return with_lora(cfg, policy), tok
 
 
 def load_policy(path: str | os.PathLike):
@@ -141,4 +157,4 @@ def _hf_tokenizer(path):
         raise ConfigError("model.path", f"the tokenizer in {str(path)!r} could not be loaded: {err}") from None
 
 
-__all__ = ["build_tokenizer", "init_policy", "load_policy", "model_config", "new_policy"]
+__all__ = ["build_tokenizer", "init_policy", "load_policy", "lora_spec", "model_config", "new_policy", "with_lora"]

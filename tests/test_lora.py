@@ -1,0 +1,99 @@
+"""LoRA (bmrl.model.lora): adapters on a frozen base, through the model, the update and the training loop.
+
+Tiny 1-layer decoders and the synthetic batches of tests/test_train.py; numbers are checked against
+the base model itself (bitwise at the start) and against the merged model.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+from bmrl.learn import skip_nonfinite
+from bmrl.learn import step as step_lib
+from bmrl.model import ModelConfig, init_model
+from bmrl.model.lora import LoRAParam, LoRASpec, add_lora, merge_lora, split_lora
+from bmrl.parallel import make_mesh, param_shardings
+from tests.test_train import V, fake_traj, on_policy_traj, train_cfg
+
+SPEC = LoRASpec(rank=4, alpha=8.0)
+
+
+def tiny(dtype="float32", seed=0, model_type="qwen2"):
+    """A 1-layer qwen2 decoder (q/k/v biases: the adapter sits beside a bias too)."""
+    return init_model(ModelConfig.tiny(V, model_type=model_type, hidden_size=16, num_hidden_layers=1,
+                                       num_attention_heads=2, num_key_value_heads=1, param_dtype=dtype, dtype=dtype),
+                      seed)
+
+
+def forward(graphdef, *states):
+    return jax.jit(lambda tok, *s: nnx.merge(graphdef, *s)(tok))(TOKENS, *states)
+
+
+TOKENS = jnp.asarray(np.random.default_rng(0).integers(0, V, (2, 7)), jnp.int32)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_starting_policy_is_the_base_bitwise(dtype):
+    model = tiny(dtype)
+    base_out = forward(*nnx.split(model))
+    add_lora(model, SPEC, seed=3)
+    graphdef, adapters, base = split_lora(model)
+    assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(adapters))  # adapters float32, base as stored
+    assert all(x.dtype == jnp.dtype(dtype) for x in jax.tree.leaves(base))
+    assert len(jax.tree.leaves(adapters)) == 2 * 7
+    np.testing.assert_array_equal(np.asarray(forward(graphdef, adapters, base)), np.asarray(base_out))
+    # B random as well: the adapter moves the outputs; merged into the kernels it gives the same logits
+    adapters = jax.tree.map(lambda x: jax.random.normal(jax.random.key(x.size), x.shape) * 0.3, adapters)
+    lora_out = forward(graphdef, adapters, base)
+    assert float(jnp.abs(lora_out - base_out).max()) > 1e-2
+    merged = merge_lora(nnx.merge(graphdef, adapters, base))
+    assert not any(isinstance(v, LoRAParam) for _, v in nnx.to_flat_state(nnx.state(merged)))
+    tol = 1e-5 if dtype == "float32" else 5e-2
+    np.testing.assert_allclose(np.asarray(forward(*nnx.split(merged))), np.asarray(lora_out), rtol=tol, atol=tol)
+
+
+def test_adapters_follow_the_partition_rules():
+    model = add_lora(tiny(), SPEC)
+    _, adapters, _ = split_lora(model)
+    mesh = make_mesh(devices=jax.devices()[:1])
+    specs = {"/".join(map(str, p)): s.spec for p, s in nnx.to_flat_state(param_shardings(adapters, mesh))}
+    assert len(specs) == 14  # every adapter matched a rule (an unmatched one raises)
+
+
+def lora_update(model, tr, cfg, lr=0.05, dropout=0.0):
+    graphdef, adapters, base = split_lora(model)
+    tx = skip_nonfinite(optax.adam(lr))
+    opt_state = step_lib.init_opt_state(tx, adapters)
+    update = step_lib.make_update(graphdef, tx, cfg, 1.0, donate=False, frozen=True, dropout=dropout)
+    return graphdef, adapters, base, opt_state, update
+
+
+def test_update_trains_adapters_only_and_kl_to_the_base_starts_at_zero():
+    model = add_lora(tiny(), SPEC)
+    tr = on_policy_traj(model)
+    graphdef, adapters, base, opt_state, update = lora_update(model, tr, train_cfg(kl_coef=0.5))
+    base_before = jax.tree.map(np.array, base)
+    assert {x.shape for x in jax.tree.leaves(opt_state)} <= {x.shape for x in jax.tree.leaves(adapters)} | {()}
+    new, opt_state, m = update(adapters, opt_state, base, tr, jax.random.key(0))
+    assert float(m["kl"]) == 0.0 and float(m["approx_kl"]) == 0.0  # on policy, the policy is the base
+    jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.array, base), base_before)
+    b_moved = [float(jnp.abs(x).max()) for p, x in nnx.to_flat_state(new) if p[-1] == "lora_b"]
+    assert min(b_moved) > 0  # every adapter moved
+    new, _, m = update(new, opt_state, base, tr, jax.random.key(1))
+    assert float(m["kl"]) > 0  # off the base now: the KL term sees it
+    jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.array, base), base_before)
+
+
+def test_update_with_lora_dropout_draws_from_the_key():
+    model = add_lora(tiny(), LoRASpec(rank=4, alpha=8.0, dropout=0.5))
+    tr = fake_traj(1)
+    cfg = train_cfg(minibatches=2)
+    graphdef, adapters, base, opt_state, update = lora_update(model, tr, cfg, dropout=0.5)
+    plain = lora_update(model, tr, cfg, dropout=0.0)[-1]
+    a, b = (update(adapters, opt_state, base, tr, jax.random.key(0))[0] for _ in range(2))
+    c = plain(adapters, opt_state, base, tr, jax.random.key(0))[0]
+    assert all(jax.tree.leaves(jax.tree.map(lambda x, y: bool((x == y).all()), a, b)))  # same key, same masks
+    assert any(jax.tree.leaves(jax.tree.map(lambda x, y: bool((x != y).any()), a, c)))  # dropout did something
