@@ -17,7 +17,8 @@ The run's player (`bmrl.build.players`) plays the env: a JAX env in one compiled
 from the host on the same compiled turn; the loop never asks which.
 Resumes from the newest checkpoint in `cfg.out_dir/checkpoints` automatically. Because every random
 draw derives from (seed, step) and the checkpoint holds params, optimizer state, key and data
-position, a run killed at any moment and resumed ends with bitwise-identical parameters on CPU.
+position (with LoRA: the adapters, their optimizer state and the base's identity, its path and
+content hash, so a resume against another base is refused), a run killed at any moment and resumed ends with bitwise-identical parameters on CPU.
 Outputs in `cfg.out_dir`: config.yaml, metrics.jsonl, tb/, checkpoints/, policy/ (a Hugging Face
 directory), summary.json; with a Python env (env.kind=python) also faults.jsonl, one line per fault
 of user code (step, task, turn, kind, message), counted per step as `rollout/faults`.
@@ -42,14 +43,14 @@ from bmrl import compiles as compiles_lib
 from bmrl import config as config_lib
 from bmrl import memory as memory_lib
 from bmrl.build import Run, build_run, eval_split, init_policy
-from bmrl.checkpoint import Checkpointer, key_data
+from bmrl.checkpoint import CheckpointMismatch, Checkpointer, key_data
 from bmrl.distributed import to_host
 from bmrl.eval.run import evaluate_config
 from bmrl.learn import optimizer_from_config
 from bmrl.learn import step as step_lib
 from bmrl.metrics import MetricsLogger, Progress, read_jsonl, to_scalar, write_jsonl_atomic
 from bmrl.model import save_pretrained
-from bmrl.model.lora import has_lora, split_lora
+from bmrl.model.lora import content_hash, has_lora, split_lora
 from bmrl.parallel import make_mesh, param_shardings, shard_batch, state_shardings
 from bmrl.rundir import RunDir
 
@@ -187,6 +188,7 @@ class Trainer:
         if self.lora:  # train the adapters; the base is frozen, placed once, and the KL reference
             self.graphdef, params, base = split_lora(policy)
             self.base = jax.device_put(base, param_shardings(base, self.mesh))
+            self.base_identity = {"path": cfg.model.path, "sha256": content_hash(base)}
         else:
             self.graphdef, params = nnx.split(policy)
             self.base = None
@@ -225,6 +227,12 @@ class Trainer:
         if restored is None:
             return state
         arrays, meta = restored
+        if self.lora and meta.get("base") != self.base_identity:
+            raise CheckpointMismatch(
+                f"the checkpoints in {self.ckpt.directory} hold LoRA adapters trained on another base "
+                f"({meta.get('base')}) than this run loads ({self.base_identity}): adapters only fit the base they "
+                "were trained on. Point model.path at that base, or use a new out_dir."
+            )
         params, opt_state = jax.device_put((arrays["params"], arrays["opt_state"]), self.shardings)  # this mesh
         print(f"bmrl train: resumed from {self.ckpt.directory} at step {int(meta['step'])}", flush=True)
         return TrainState(params, opt_state, jax.random.wrap_key_data(jnp.asarray(arrays["key"])), int(meta["step"]),
@@ -286,7 +294,8 @@ class Trainer:
         if self.ckpt.due(done, t.steps):
             self.ckpt.save(done, state.arrays(), {"data_position": state.data_position,
                                                   "config": config_lib.to_dict(self.cfg),
-                                                  "run": state.record.to_meta(self.logger.count)})
+                                                  "run": state.record.to_meta(self.logger.count)}
+                           | ({"base": self.base_identity} if self.lora else {}))
             self.ckpt.commit()  # a failed write stops the run here (CheckpointWriteError), not a save later
 
     def evaluate(self, state: TrainState) -> None:

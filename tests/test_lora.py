@@ -97,3 +97,58 @@ def test_update_with_lora_dropout_draws_from_the_key():
     c = plain(adapters, opt_state, base, tr, jax.random.key(0))[0]
     assert all(jax.tree.leaves(jax.tree.map(lambda x, y: bool((x == y).all()), a, b)))  # same key, same masks
     assert any(jax.tree.leaves(jax.tree.map(lambda x, y: bool((x != y).any()), a, c)))  # dropout did something
+
+
+# ------------------------------------------------------------------------------- the loop
+class _Killed(Exception):
+    pass
+
+
+def _checkpoint_bytes(directory, step):
+    """Bytes of the arrays a checkpoint holds, from its manifest."""
+    from bmrl.checkpoint import Checkpointer
+
+    ckpt = Checkpointer(directory)
+    try:
+        arrays = ckpt._read_manifest(step)["arrays"]
+    finally:
+        ckpt.close()
+    return sum(int(np.prod(a["shape"])) * np.dtype(a["dtype"]).itemsize for a in arrays.values())
+
+
+def test_lora_run_base_frozen_small_checkpoints_resume_bitwise_and_base_checked(tmp_path, monkeypatch):
+    """A LoRA run (KL to the base, dropout) killed after its step-2 checkpoint and resumed ends with the
+    bytes of an uninterrupted run; its checkpoints are a small fraction of full training's; a resume
+    against another base is refused."""
+    from safetensors.numpy import load_file
+
+    from bmrl import train as train_lib
+    from bmrl.checkpoint import CheckpointMismatch
+    from tests.test_train import tiny_cfg
+
+    over = dict(model={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+                       "lora": {"rank": 4, "dropout": 0.1}},
+                train={"steps": 4, "kl_coef": 0.1, "optim": {"lr": 3e-2}}, checkpoint={"every": 2, "keep": 2})
+    train_lib.train(tiny_cfg(tmp_path / "ref", **over), progress=False, evaluate=False)
+
+    def kill(done, total):
+        if done == 3:
+            raise _Killed
+
+    cfg = tiny_cfg(tmp_path / "run", **over)
+    with pytest.raises(_Killed):
+        train_lib.train(cfg, progress=False, on_step=kill, evaluate=False)
+    with monkeypatch.context() as m:  # the base changed under the run: refused, naming model.path
+        m.setattr(train_lib, "content_hash", lambda state: "another base")
+        with pytest.raises(CheckpointMismatch, match="another base.*model.path"):
+            train_lib.train(cfg, progress=False, evaluate=False)
+    out = train_lib.train(cfg, progress=False, evaluate=False)
+    assert out["resumed_from"] == 2
+    a, b = (load_file(str(d / "policy" / "model.safetensors")) for d in (tmp_path / "ref", tmp_path / "run"))
+    for name in a:
+        assert a[name].tobytes() == b[name].tobytes(), name
+
+    # The checkpoint: adapters + their Adam moments; full training keeps every parameter three times.
+    n_params = sum(v.size for v in a.values())
+    lora_bytes = _checkpoint_bytes(tmp_path / "run" / "checkpoints", 4)
+    assert lora_bytes < 0.1 * 3 * 4 * n_params, (lora_bytes, n_params)
