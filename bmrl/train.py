@@ -20,7 +20,7 @@ draw derives from (seed, step) and the checkpoint holds params, optimizer state,
 position (with LoRA: the adapters, their optimizer state and the base's identity, its path and
 content hash, so a resume against another base is refused), a run killed at any moment and resumed ends with bitwise-identical parameters on CPU.
 Outputs in `cfg.out_dir`: config.yaml, metrics.jsonl, tb/, checkpoints/, policy/ (a Hugging Face
-directory), summary.json; with a Python env (env.kind=python) also faults.jsonl, one line per fault
+directory; with LoRA also policy_adapter/, a PEFT adapter on the base), summary.json; with a Python env (env.kind=python) also faults.jsonl, one line per fault
 of user code (step, task, turn, kind, message), counted per step as `rollout/faults`.
 """
 
@@ -42,14 +42,14 @@ from flax import nnx
 from bmrl import compiles as compiles_lib
 from bmrl import config as config_lib
 from bmrl import memory as memory_lib
-from bmrl.build import Run, build_run, eval_split, init_policy
+from bmrl.build import Run, base_dir, build_run, eval_split, init_policy
 from bmrl.checkpoint import CheckpointMismatch, Checkpointer, key_data
 from bmrl.distributed import to_host
 from bmrl.eval.run import evaluate_config
 from bmrl.learn import optimizer_from_config
 from bmrl.learn import step as step_lib
 from bmrl.metrics import MetricsLogger, Progress, read_jsonl, to_scalar, write_jsonl_atomic
-from bmrl.model import save_pretrained
+from bmrl.model.peft import export_policy
 from bmrl.model.lora import content_hash, has_lora, split_lora
 from bmrl.parallel import make_mesh, param_shardings, shard_batch, state_shardings
 from bmrl.rundir import RunDir
@@ -188,7 +188,7 @@ class Trainer:
         if self.lora:  # train the adapters; the base is frozen, placed once, and the KL reference
             self.graphdef, params, base = split_lora(policy)
             self.base = jax.device_put(base, param_shardings(base, self.mesh))
-            self.base_identity = {"path": cfg.model.path, "sha256": content_hash(base)}
+            self.base_identity = {"path": base_dir(cfg), "sha256": content_hash(base)}
         else:
             self.graphdef, params = nnx.split(policy)
             self.base = None
@@ -316,10 +316,11 @@ class Trainer:
         self.logger.close()
 
     def finish(self, state: TrainState, tokenizer, wall0: float) -> dict:
-        """Save the policy (a Hugging Face directory) and return the summary."""
+        """Save the policy (a Hugging Face directory; with LoRA also the PEFT adapter) and return the summary."""
         t, rec = self.t, state.record
-        policy_dir = os.path.join(self.out, "policy")
-        save_pretrained(nnx.merge(self.graphdef, self.policy_params(state.params)), tokenizer, policy_dir)
+        written = export_policy(nnx.merge(self.graphdef, self.policy_params(state.params)), tokenizer, self.out,
+                                base_dir(self.cfg))
+        policy_dir = written["policy"]
         log = rec.eval_log
         final_eval = (log.get(t.steps) or log[max(log)]) if log else {}
         first_eval = log[min(log)] if log else {}
@@ -337,7 +338,7 @@ class Trainer:
             "eval_initial": {str(T): {"pass1": p, "se": se} for T, (p, se) in first_eval.items()},
             "eval_history": {str(s): {str(T): p for T, (p, _) in r.items()} for s, r in sorted(log.items())},  # test at 0 and the end, validation between
             "policy": policy_dir,
-        }
+        } | ({"policy_adapter": written["policy_adapter"]} if "policy_adapter" in written else {})
 
 
 def train(cfg, *, progress: bool | None = None, run: Run | None = None,

@@ -144,6 +144,11 @@ def test_lora_run_base_frozen_small_checkpoints_resume_bitwise_and_base_checked(
             train_lib.train(cfg, progress=False, evaluate=False)
     out = train_lib.train(cfg, progress=False, evaluate=False)
     assert out["resumed_from"] == 2
+    from bmrl.build import load_policy  # the PEFT adapter beside the merged policy: the same model
+
+    (adapted, _), (merged, _) = load_policy(out["policy_adapter"]), load_policy(out["policy"])
+    tokens = jnp.asarray(np.random.default_rng(2).integers(0, 300, (2, 9)), jnp.int32)
+    np.testing.assert_allclose(np.asarray(adapted(tokens)), np.asarray(merged(tokens)), rtol=1e-5, atol=1e-5)
     a, b = (load_file(str(d / "policy" / "model.safetensors")) for d in (tmp_path / "ref", tmp_path / "run"))
     for name in a:
         assert a[name].tobytes() == b[name].tobytes(), name
@@ -152,3 +157,40 @@ def test_lora_run_base_frozen_small_checkpoints_resume_bitwise_and_base_checked(
     n_params = sum(v.size for v in a.values())
     lora_bytes = _checkpoint_bytes(tmp_path / "run" / "checkpoints", 4)
     assert lora_bytes < 0.1 * 3 * 4 * n_params, (lora_bytes, n_params)
+
+
+# ------------------------------------------------------------------------------- export
+def test_export_merged_and_peft_adapter_load_with_the_same_logits(tmp_path, tiny_tokenizer):
+    """policy/ (merged) and policy_adapter/ (PEFT, on the base written beside it) give the LoRA model's
+    logits: in bmrl (load_policy of either) and in torch (transformers; peft.PeftModel on the base)."""
+    torch = pytest.importorskip("torch")
+    peft = pytest.importorskip("peft")
+    from transformers import AutoModelForCausalLM
+
+    from bmrl.build import load_policy
+    from bmrl.model.peft import export_policy
+
+    cfg = ModelConfig.tiny(512, model_type="qwen2", hidden_size=16, num_hidden_layers=1,
+                           num_attention_heads=2, num_key_value_heads=1)
+    model = add_lora(init_model(cfg, 0), LoRASpec(rank=4, alpha=8.0, targets=("q_proj", "v_proj", "down_proj")))
+    graphdef, adapters, base = split_lora(model)
+    adapters = jax.tree.map(lambda x: jax.random.normal(jax.random.key(x.size), x.shape) * 0.5, adapters)
+    model = nnx.merge(graphdef, adapters, base)
+    written = export_policy(model, tiny_tokenizer, tmp_path, None)
+    assert set(written) == {"policy", "base", "policy_adapter"}
+    tokens = np.asarray(np.random.default_rng(1).integers(0, len(tiny_tokenizer), (2, 9)), np.int32)
+    want = np.asarray(model(jnp.asarray(tokens)))
+    scale = np.abs(want).max()
+
+    adapter_model, _ = load_policy(written["policy_adapter"])  # the adapter dir reloads to the same model
+    np.testing.assert_array_equal(np.asarray(adapter_model(jnp.asarray(tokens))), want)
+    merged, _ = load_policy(written["policy"])
+    np.testing.assert_allclose(np.asarray(merged(jnp.asarray(tokens))), want, atol=1e-5 * scale, rtol=0)
+
+    with torch.no_grad():
+        t_tokens = torch.tensor(tokens, dtype=torch.long)
+        hf_merged = AutoModelForCausalLM.from_pretrained(written["policy"], torch_dtype=torch.float32).eval()
+        np.testing.assert_allclose(hf_merged(t_tokens).logits.numpy(), want, atol=1e-5 * scale, rtol=0)
+        hf_base = AutoModelForCausalLM.from_pretrained(written["base"], torch_dtype=torch.float32).eval()
+        hf_lora = peft.PeftModel.from_pretrained(hf_base, written["policy_adapter"]).eval()
+        np.testing.assert_allclose(hf_lora(t_tokens).logits.numpy(), want, atol=1e-5 * scale, rtol=0)
