@@ -194,3 +194,24 @@ def test_export_merged_and_peft_adapter_load_with_the_same_logits(tmp_path, tiny
         hf_base = AutoModelForCausalLM.from_pretrained(written["base"], torch_dtype=torch.float32).eval()
         hf_lora = peft.PeftModel.from_pretrained(hf_base, written["policy_adapter"]).eval()
         np.testing.assert_allclose(hf_lora(t_tokens).logits.numpy(), want, atol=1e-5 * scale, rtol=0)
+
+
+# ------------------------------------------------------------------------------- the memory plan
+def test_memory_plan_counts_frozen_base_adapters_and_their_optimizer_state():
+    from bmrl.learn import make_optimizer
+    from bmrl.memory import plan_memory
+    from bmrl.parallel import MeshConfig
+
+    model = tiny("bfloat16")
+    mcfg = model.config
+    mesh = make_mesh(MeshConfig(1, 1, 1), devices=jax.devices()[:1])
+    tx = make_optimizer(1e-3, total_steps=10)
+    nbytes = lambda tree: sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree))  # noqa: E731
+    kw = dict(rollout_batch=6, max_len=40, update_rows=4, device_memory_gb=1.0, kl_reference=True)
+    full, lora = plan_memory(mcfg, mesh, tx, **kw), plan_memory(mcfg, mesh, tx, lora=SPEC, **kw)
+    _, adapters, base = split_lora(add_lora(model, SPEC))
+    assert lora.frozen == nbytes(base) == full.params and lora.params == nbytes(base) + nbytes(adapters)
+    assert lora.grads == nbytes(adapters) and lora.opt_state == nbytes(step_lib.init_opt_state(tx, adapters))
+    assert full.reference == full.params and lora.reference == 0  # the KL reference: a copy, or the base itself
+    assert lora.activations > full.activations and lora.grads + lora.opt_state < full.grads + full.opt_state
+    assert "frozen base" in lora.table() and "KL reference" in full.table()

@@ -91,14 +91,18 @@ class LoRALinear(nnx.Linear):
         self.dropout = spec.dropout
 
     def __call__(self, inputs: jax.Array, out_sharding=None) -> jax.Array:
+        """The base's output plus scale * (x A) B, added in float32 and rounded once. x A runs in the
+        compute dtype with a float32 result (the backward pass keeps x as the base's own matmul
+        would, not a float32 copy); the rank-sized x A and B stay float32."""
         y = super().__call__(inputs, out_sharding)
-        h = inputs.astype(jnp.float32)
+        h = inputs.astype(self.dtype) if self.dtype is not None else inputs
         if self.dropout and _dropout and _dropout[-1][0] is not None:
             frame = _dropout[-1]
             keep = jax.random.bernoulli(jax.random.fold_in(frame[0], frame[1]), 1.0 - self.dropout, h.shape)
             frame[1] += 1
-            h = jnp.where(keep, h / (1.0 - self.dropout), 0.0)
-        delta = (h @ self.lora_a[...]) @ self.lora_b[...] * self.scale
+            h = jnp.where(keep, h / jnp.asarray(1.0 - self.dropout, h.dtype), jnp.zeros((), h.dtype))
+        xa = jnp.matmul(h, self.lora_a[...].astype(h.dtype), preferred_element_type=jnp.float32)
+        delta = (xa @ self.lora_b[...]) * self.scale
         return (y.astype(jnp.float32) + delta).astype(y.dtype)
 
     def merged_kernel(self) -> jax.Array:
