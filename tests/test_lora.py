@@ -215,3 +215,21 @@ def test_memory_plan_counts_frozen_base_adapters_and_their_optimizer_state():
     assert full.reference == full.params and lora.reference == 0  # the KL reference: a copy, or the base itself
     assert lora.activations > full.activations and lora.grads + lora.opt_state < full.grads + full.opt_state
     assert "frozen base" in lora.table() and "KL reference" in full.table()
+
+
+def test_sft_step_trains_the_adapters_on_a_frozen_base():
+    from bmrl.learn.sft import make_sft_step
+
+    model = add_lora(tiny(), SPEC)
+    graphdef, adapters, base = split_lora(model)
+    tr = fake_traj(2)
+    tx = skip_nonfinite(optax.adam(0.05))
+    opt_state = step_lib.init_opt_state(tx, adapters)
+    step = make_sft_step(graphdef, tx)
+    before = jax.tree.map(np.array, base)
+    losses = []
+    for _ in range(3):
+        adapters, opt_state, m = step(adapters, opt_state, tr.tokens, tr.length, tr.loss_mask, base)
+        losses.append(float(m["loss"]))
+    jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.array, base), before)
+    assert losses[-1] < losses[0]
