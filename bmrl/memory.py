@@ -269,12 +269,9 @@ def plan_for_config(cfg: Any, mcfg: Any, mesh: Mesh, optimizer: Any) -> MemoryPl
         raise ConfigError("train.microbatches", f"must be >= 1 and divide the minibatch of {mb} rows "
                           f"(tasks_per_step x group_size / minibatches), got {micro}.")
     eval_rows = cfg.eval.num_tasks * len(cfg.eval.ts)
-    lora = cfg.model.lora
-    spec = None
-    if lora.rank:
-        from bmrl.model.lora import LoRASpec
+    from bmrl.model.lora import LoRASpec
 
-        spec = LoRASpec(int(lora.rank), float(lora.alpha), tuple(lora.targets), float(lora.dropout))
+    spec = LoRASpec.of(cfg.model.lora) if cfg.model.lora.rank else None
 
     def plan(spec):
         return plan_memory(mcfg, mesh, optimizer, rollout_batch=max(batch, eval_rows), max_len=cfg.rollout.max_len,

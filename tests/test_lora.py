@@ -56,11 +56,54 @@ def test_starting_policy_is_the_base_bitwise(dtype):
 
 
 def test_adapters_follow_the_partition_rules():
-    model = add_lora(tiny(), SPEC)
-    _, adapters, _ = split_lora(model)
-    mesh = make_mesh(devices=jax.devices()[:1])
-    specs = {"/".join(map(str, p)): s.spec for p, s in nnx.to_flat_state(param_shardings(adapters, mesh))}
-    assert len(specs) == 14  # every adapter matched a rule (an unmatched one raises)
+    """A and B split like their kernel's input and output axes (rank replicated); on 8 simulated devices
+    (data 2, fsdp 2, tensor 2), placed by the rules, the LoRA model gives one device's logits and
+    adapter gradients."""
+    import os
+    import subprocess
+    import sys
+
+    from jax.sharding import PartitionSpec as P
+
+    from bmrl.parallel import spec_for
+    from tests.rollout_helpers import EIGHT_CPU_DEVICES
+    from tests.test_parallel import FakeMesh
+
+    mesh = FakeMesh()
+    assert spec_for("layers/0/self_attn/q_proj/lora_a", (64, 8), mesh) == P("fsdp")
+    assert spec_for("layers/0/mlp/up_proj/lora_b", (8, 64), mesh) == P(None, "tensor")
+    assert spec_for("layers/0/self_attn/o_proj/lora_a", (64, 8), mesh) == P("tensor")
+    assert spec_for("layers/0/mlp/down_proj/lora_b", (8, 64), mesh) == P(None, "fsdp")
+    env = dict(os.environ, XLA_FLAGS=EIGHT_CPU_DEVICES, JAX_PLATFORMS="cpu")
+    res = subprocess.run([sys.executable, "-c", _MESH_SCRIPT], env=env, capture_output=True, text=True, timeout=600,
+                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert res.returncode == 0 and "same" in res.stdout, res.stdout + res.stderr
+
+
+_MESH_SCRIPT = """
+import jax, jax.numpy as jnp, numpy as np
+from flax import nnx
+from bmrl.model import ModelConfig, init_model
+from bmrl.model.lora import LoRASpec, add_lora, split_lora
+from bmrl.parallel import MeshConfig, make_mesh, param_shardings
+cfg = ModelConfig.tiny(64, hidden_size=32, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
+                       intermediate_size=64)
+graphdef, adapters, base = split_lora(add_lora(init_model(cfg, 0), LoRASpec(rank=4, alpha=8.0)))
+adapters = jax.tree.map(lambda x: jax.random.normal(jax.random.key(x.size), x.shape) * 0.3, adapters)
+tokens = jnp.asarray(np.random.default_rng(0).integers(0, 64, (4, 8)), jnp.int32)
+def run(a, b):
+    loss = lambda a: jnp.sum(nnx.merge(graphdef, a, b)(tokens) ** 2) / 1e3
+    return jax.jit(jax.value_and_grad(loss))(a)
+one = run(adapters, base)
+mesh = make_mesh(MeshConfig(2, 2, 2))
+place = lambda s: jax.device_put(s, param_shardings(s, mesh))
+a8 = place(adapters)
+assert any(len(x.sharding.device_set) == 8 and not x.sharding.is_fully_replicated for x in jax.tree.leaves(a8))
+eight = run(a8, place(base))
+for x, y in zip(jax.tree.leaves(one), jax.tree.leaves(eight)):
+    np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-4, atol=1e-5)
+print("same")
+"""
 
 
 def lora_update(model, tr, cfg, lr=0.05, dropout=0.0):
@@ -178,6 +221,9 @@ def test_export_merged_and_peft_adapter_load_with_the_same_logits(tmp_path, tiny
     model = nnx.merge(graphdef, adapters, base)
     written = export_policy(model, tiny_tokenizer, tmp_path, None)
     assert set(written) == {"policy", "base", "policy_adapter"}
+    from bmrl.commands.compare import parse_spec  # bmrl compare takes the adapter directory as a policy
+
+    assert parse_spec(written["policy_adapter"]) == {"kind": "dir", "path": written["policy_adapter"]}
     tokens = np.asarray(np.random.default_rng(1).integers(0, len(tiny_tokenizer), (2, 9)), np.int32)
     want = np.asarray(model(jnp.asarray(tokens)))
     scale = np.abs(want).max()

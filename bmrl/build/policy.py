@@ -21,8 +21,7 @@ from bmrl.model.config import ConfigError as ModelConfigError
 from bmrl.model.config import ModelConfig
 from bmrl.model.decoder import init_model
 from bmrl.model.hf import TOKENIZER_FILES, CheckpointError, from_pretrained, load_config
-from bmrl.model.lora import LoRASpec, add_lora, merge_lora
-from bmrl.model.lora import lora_spec as loaded_spec
+from bmrl.model.lora import LoRASpec, add_lora, merge_lora, spec_of
 from bmrl.model.peft import adapter_config, from_adapter_dir, is_adapter_dir
 from bmrl.model.tokenizer import load_tokenizer, train_tiny_tokenizer
 from bmrl.rollout.pyenv import DEFAULT_INSTRUCTIONS
@@ -93,8 +92,7 @@ def new_policy(cfg: Config, tokenizer):
 
 def lora_spec(cfg: Config) -> LoRASpec:
     """The `model.lora` section as a `LoRASpec` (rank 0: no adapters)."""
-    lora = cfg.model.lora
-    return LoRASpec(int(lora.rank), float(lora.alpha), tuple(lora.targets), float(lora.dropout))
+    return LoRASpec.of(cfg.model.lora)
 
 
 def with_lora(cfg: Config, policy):
@@ -102,7 +100,7 @@ def with_lora(cfg: Config, policy):
     outputs as the base), or unchanged at rank 0. A policy loaded from an adapter directory keeps its
     adapters (trained on) when `model.lora` asks for the same rank and targets, and is merged into a
     plain model at rank 0 (full fine-tuning from it)."""
-    spec, have = lora_spec(cfg), loaded_spec(policy)
+    spec, have = lora_spec(cfg), spec_of(policy)
     if have is None:
         return add_lora(policy, spec, cfg.seed)
     if spec.rank == 0:

@@ -60,6 +60,11 @@ class LoRASpec:
     def scale(self) -> float:
         return self.alpha / self.rank
 
+    @classmethod
+    def of(cls, section: Any) -> LoRASpec:
+        """The spec of a `model.lora` config section (anything with rank, alpha, targets, dropout)."""
+        return cls(int(section.rank), float(section.alpha), tuple(section.targets), float(section.dropout))
+
 
 _dropout: list = []  # the stack of (key, counter) set by `lora_dropout` while a loss is traced
 
@@ -145,7 +150,7 @@ def has_lora(model: Any) -> bool:
     return isinstance(model, Decoder) and any(True for _ in adapters(model))
 
 
-def lora_spec(model: Decoder, dropout: float = 0.0) -> LoRASpec | None:
+def spec_of(model: Decoder, dropout: float = 0.0) -> LoRASpec | None:
     """The spec a LoRA model was built with (None without adapters); the dropout is not kept in the
     graph's shape, so it is passed back in."""
     found = list(adapters(model))
@@ -165,15 +170,18 @@ def merge_lora(model: Decoder) -> Decoder:
     rest shared with `model`; `model` itself when it has no adapters. Works eagerly and under jit."""
     if not has_lora(model):
         return model
-    merged = {(*("layers", i, _MODULE_OF[name], name), "kernel"): m.merged_kernel() for i, name, m in adapters(model)}
-    values = {path: merged.get(path, var[...]) for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param))}
-    graphdef, _ = nnx.split(nnx.eval_shape(lambda: Decoder(model.config, rngs=nnx.Rngs(0))))
-    return nnx.merge(graphdef, nnx.from_flat_state(values))
+    return _plain(model, {(*("layers", i, _MODULE_OF[name], name), "kernel"): m.merged_kernel()
+                          for i, name, m in adapters(model)})
 
 
 def base_model(model: Decoder) -> Decoder:
     """A plain `Decoder` on the base's own arrays (adapters dropped, nothing copied)."""
-    values = {path: var[...] for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param))}
+    return _plain(model, {})
+
+
+def _plain(model: Decoder, replaced: dict) -> Decoder:
+    """A plain `Decoder` of `model`'s config on its base arrays, those at the paths of `replaced` replaced."""
+    values = {path: replaced.get(path, var[...]) for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param))}
     graphdef, _ = nnx.split(nnx.eval_shape(lambda: Decoder(model.config, rngs=nnx.Rngs(0))))
     return nnx.merge(graphdef, nnx.from_flat_state(values))
 

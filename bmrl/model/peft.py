@@ -25,7 +25,7 @@ from safetensors.numpy import save_file
 from bmrl.model.decoder import Decoder
 from bmrl.model.hf import from_pretrained
 from bmrl.model.hf_dir import CheckpointError, check_directory, inside, open_safetensors, read_json
-from bmrl.model.lora import TARGETS, LoRASpec, add_lora, adapters, lora_spec
+from bmrl.model.lora import TARGETS, LoRASpec, add_lora, adapters, spec_of
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -51,7 +51,7 @@ def _name(model: Decoder, layer: int, proj: str, which: str) -> str:
 def save_adapter(model: Decoder, path: str | os.PathLike, base: str | os.PathLike) -> Path:
     """Write the adapters of `model` (a LoRA model) as a PEFT adapter directory naming `base` (the base
     model's Hugging Face directory). Returns the directory."""
-    spec = lora_spec(model)
+    spec = spec_of(model)
     if spec is None:
         raise ValueError("save_adapter: the model has no LoRA adapters.")
     path, base = Path(path), Path(base)
@@ -153,7 +153,7 @@ def export_policy(model: Decoder, tokenizer: Any, out_dir: str | os.PathLike, ba
     out = Path(out_dir)
     save_pretrained(model, tokenizer, out / "policy")
     written = {"policy": str(out / "policy")}
-    if lora_spec(model) is None:
+    if spec_of(model) is None:
         return written
     if base_dir is None:
         save_pretrained(base_model(model), tokenizer, out / "base")
