@@ -138,6 +138,8 @@ def main() -> None:
     ap.add_argument("--param-dtype", default=None, help="float32 | bfloat16 (default: bfloat16 on an accelerator)")
     ap.add_argument("--remat", action="store_true", help="recompute decoder layers in the backward pass (train.remat)")
     ap.add_argument("--no-rollout", action="store_true", help="skip the unmerged / merged decode comparison")
+    ap.add_argument("--rollout-batch", type=int, default=None, help="decode rows (default 32; quick 8)")
+    ap.add_argument("--decode-steps", type=int, default=None, help="decode tokens per row (default 64; quick 16)")
     args = ap.parse_args()
 
     gpu = jax.default_backend() != "cpu"
@@ -152,6 +154,7 @@ def main() -> None:
         base = SIZES["100m"]
         batch, seq, steps = args.batch or 8, args.seq or 512, args.steps or 5
         roll = dict(batch=32, prompt=128, steps=64, repeats=5)
+    roll.update({k: v for k, v in (("batch", args.rollout_batch), ("steps", args.decode_steps)) if v})
     import dataclasses
 
     mcfg = dataclasses.replace(base, dtype=dtype, param_dtype=param_dtype)

@@ -36,6 +36,7 @@ from bmrl.eval.run import evaluate_config
 from bmrl.learn.demos import longest_reply
 from bmrl.learn.optim import optimizer_from_config
 from bmrl.learn.sft import demo_stats, make_sft_step
+from bmrl.learn.step import DROPOUT_STREAM
 from bmrl.metrics import MetricsLogger
 from bmrl.model.decoder import num_params
 from bmrl.model.peft import export_policy
@@ -116,6 +117,7 @@ def _fit(cfg: Config, run: Run, params, demos_at: Callable, out_dir: str, log: C
     opt_state = jax.tree.map(jnp.copy, tx.init(params))  # distinct buffers: the step donates them
     max_targets = s.demo_turns * (longest_reply(run.env, run.fmt, cfg.rollout.max_reply_tokens) + 1)  # reply + stop
     step_fn = make_sft_step(graphdef, tx, max_targets)
+    dropout_key = jax.random.fold_in(jax.random.key(cfg.seed), DROPOUT_STREAM)  # LoRA dropout draws: (seed, step)
     t_train, log_every = time.time(), max(1, s.steps // 10)
     pending: list[tuple[int, dict]] = []  # device metrics, fetched at log steps (keeps dispatch async)
     losses: list[float] = []
@@ -124,7 +126,8 @@ def _fit(cfg: Config, run: Run, params, demos_at: Callable, out_dir: str, log: C
     try:
         for step in range(s.steps):
             d = demos_at(step)
-            params, opt_state, m = step_fn(params, opt_state, d.tokens, d.length, d.loss_mask, base)
+            drop = None if base is None or not cfg.model.lora.dropout else jax.random.fold_in(dropout_key, step)
+            params, opt_state, m = step_fn(params, opt_state, d.tokens, d.length, d.loss_mask, base, drop)
             pending.append((step, m))
             if step % log_every == 0 or step == s.steps - 1:
                 elapsed = round(time.time() - t_train, 3)

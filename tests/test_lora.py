@@ -263,10 +263,10 @@ def test_memory_plan_counts_frozen_base_adapters_and_their_optimizer_state():
     assert "frozen base" in lora.table() and "KL reference" in full.table()
 
 
-def test_sft_step_trains_the_adapters_on_a_frozen_base():
+def test_sft_step_trains_the_adapters_on_a_frozen_base_with_dropout():
     from bmrl.learn.sft import make_sft_step
 
-    model = add_lora(tiny(), SPEC)
+    model = add_lora(tiny(), LoRASpec(rank=4, alpha=8.0, dropout=0.2))
     graphdef, adapters, base = split_lora(model)
     tr = fake_traj(2)
     tx = skip_nonfinite(optax.adam(0.05))
@@ -274,8 +274,8 @@ def test_sft_step_trains_the_adapters_on_a_frozen_base():
     step = make_sft_step(graphdef, tx)
     before = jax.tree.map(np.array, base)
     losses = []
-    for _ in range(3):
-        adapters, opt_state, m = step(adapters, opt_state, tr.tokens, tr.length, tr.loss_mask, base)
+    for i in range(3):
+        adapters, opt_state, m = step(adapters, opt_state, tr.tokens, tr.length, tr.loss_mask, base, jax.random.key(i))
         losses.append(float(m["loss"]))
     jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.array, base), before)
     assert losses[-1] < losses[0]
