@@ -10,8 +10,14 @@ rules of `bmrl.parallel` (the optimizer state from `jax.eval_shape(optimizer.ini
 cache is exact for the layout of `bmrl.parallel.cache_sharding`. Activations of the update are an
 estimate from the model's shape (what the backward pass keeps per token and layer, attention scores
 included; with `remat` only each layer's input plus one layer's worth), checked against XLA's
-compiled buffer sizes in tests/test_memory.py. The peak is params + optimizer state +
-max(KV cache of the rollout, gradients + activations of the update): rollout and update alternate.
+compiled buffer sizes in tests/test_memory.py. The peak is params + optimizer state (+ the KL
+reference's copy of the params in full fine-tuning) + max(KV cache of the rollout, gradients +
+activations of the update): rollout and update alternate.
+
+With LoRA (`bmrl.model.lora`) the parameters are the frozen base (its dtype) plus the float32 adapters;
+gradients and optimizer state are the adapters' alone, the KL reference is the base itself (no copy),
+and activations add the adapters' rank-sized products; `plan_for_config` also plans full fine-tuning
+of the same config and prints the saving.
 """
 
 from __future__ import annotations
@@ -183,12 +189,14 @@ class MemoryPlan:
     capacity: int
     capacity_source: str
     notes: tuple[str, ...] = ()
+    reference: int = 0  # the KL reference's copy of the params (full fine-tuning with train.kl_coef > 0)
+    frozen: int = 0  # of `params`, the frozen base's bytes (LoRA; the rest are the adapters)
 
     @property
     def peak(self) -> int:
-        """Params + optimizer state + the larger of the rollout's KV cache and the update's gradients
-        + activations."""
-        return self.params + self.opt_state + max(self.kv_cache, self.grads + self.activations)
+        """Params (+ the KL reference) + optimizer state + the larger of the rollout's KV cache and the
+        update's gradients + activations."""
+        return self.params + self.reference + self.opt_state + max(self.kv_cache, self.grads + self.activations)
 
     @property
     def fits(self) -> bool:
@@ -199,7 +207,9 @@ class MemoryPlan:
         mesh = " x ".join(f"{k} {v}" for k, v in self.mesh.items())
         rows = [
             f"memory plan per device (mesh {mesh}):",
-            f"  parameters        {gib(self.params)}",
+            f"  parameters        {gib(self.params)}" + (f"  (frozen base {self.frozen / GIB:.3f} + adapters "
+                                                        f"{(self.params - self.frozen) / GIB:.3f})" if self.frozen else ""),
+            *([f"  KL reference      {gib(self.reference)}  (a copy of the parameters)"] if self.reference else []),
             f"  optimizer state   {gib(self.opt_state)}",
             f"  KV cache (rollout){gib(self.kv_cache)}",
             f"  gradients         {gib(self.grads)}",
@@ -242,33 +252,57 @@ def plan_memory(
     microbatches: int = 1,
     remat: bool = False,
     device_memory_gb: float = 0.0,
+    kl_reference: bool = False,
+    lora: Any = None,
 ) -> MemoryPlan:
     """The `MemoryPlan` of a decoder `mcfg` (a `ModelConfig`) on `mesh` with `optimizer`: a rollout of
     `rollout_batch` rows x `max_len` tokens, an update over minibatches of `update_rows` rows split
-    into `microbatches`. Allocates nothing (shapes only)."""
+    into `microbatches`; `kl_reference`: a KL term to the starting policy; `lora`: a
+    `bmrl.model.lora.LoRASpec` (rank 0 or None: full fine-tuning). Allocates nothing (shapes only)."""
     from bmrl.model import Decoder
+    from bmrl.model.lora import add_lora, split_lora
     from bmrl.parallel import BATCH_AXES, cache_sharding, param_shardings, state_shardings
 
-    params = nnx.state(nnx.eval_shape(lambda: Decoder(mcfg, rngs=nnx.Rngs(0))))
-    p_sh = param_shardings(params, mesh)
-    opt = jax.eval_shape(optimizer.init, params)
-    param_bytes = _device_bytes(params, p_sh)
-    grads = param_bytes
+    lora = lora if lora is not None and lora.rank else None
+    model = nnx.eval_shape(lambda: Decoder(mcfg, rngs=nnx.Rngs(0)) if lora is None
+                           else add_lora(Decoder(mcfg, rngs=nnx.Rngs(0)), lora))
+    if lora is None:
+        params = trainable = nnx.state(model)
+        frozen = 0
+    else:
+        _, trainable, base = split_lora(model)
+        params = nnx.merge_state(trainable, base)
+        frozen = _device_bytes(base, param_shardings(base, mesh))
+    t_sh = param_shardings(trainable, mesh)
+    opt = jax.eval_shape(optimizer.init, trainable)
+    param_bytes = _device_bytes(params, param_shardings(params, mesh))
+    grads = _device_bytes(trainable, t_sh)
     notes = []
     if microbatches > 1:  # a float32 accumulator next to the micro-batch gradient
-        f32 = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, jnp.float32), params)
-        grads += _device_bytes(f32, p_sh)
+        f32 = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, jnp.float32), trainable)
+        grads += _device_bytes(f32, t_sh)
         notes.append(f"gradients accumulated over {microbatches} micro-batches (float32 accumulator)")
     cache = jax.ShapeDtypeStruct((rollout_batch, max_len, mcfg.num_key_value_heads, mcfg.head_dim), mcfg.dtype)
     kv = 2 * mcfg.num_hidden_layers * _device_bytes([cache], [cache_sharding(mesh, mcfg.num_key_value_heads)])
     ways = int(np.prod([mesh.shape[a] for a in BATCH_AXES]))
     rows = math.ceil(update_rows / max(microbatches, 1) / ways)
     acts = activation_bytes(mcfg, rows, max_len, mesh.shape["tensor"], remat)
+    if lora is not None:
+        acts += lora_activation_bytes(mcfg, lora, rows, max_len, remat)
     if remat:
         notes.append("decoder layers rematerialised in the backward pass")
     capacity, source = device_capacity(device_memory_gb)
+    reference = param_bytes if kl_reference and lora is None else 0
     return MemoryPlan(dict(mesh.shape), param_bytes, grads, _device_bytes(opt, state_shardings(opt, mesh)), kv, acts,
-                      capacity, source, tuple(notes))
+                      capacity, source, tuple(notes), reference, frozen)
+
+
+def lora_activation_bytes(mcfg: Any, lora: Any, rows: int, seq: int, remat: bool = False) -> int:
+    """What the adapters add to the update's kept activations: each adapted projection's rank-sized
+    float32 product x A per token and layer (x itself, in the compute dtype, is what full fine-tuning
+    keeps for the kernel's gradient too: already in `activation_bytes`)."""
+    layers = 1 if remat else mcfg.num_hidden_layers
+    return int(4 * lora.rank * len(lora.targets) * layers * rows * seq)
 
 
 def plan_for_config(cfg: Any, mcfg: Any, mesh: Mesh, optimizer: Any) -> MemoryPlan:
@@ -281,10 +315,30 @@ def plan_for_config(cfg: Any, mcfg: Any, mesh: Mesh, optimizer: Any) -> MemoryPl
         raise ConfigError("train.microbatches", f"must be >= 1 and divide the minibatch of {mb} rows "
                           f"(tasks_per_step x group_size / minibatches), got {micro}.")
     eval_rows = cfg.eval.num_tasks * len(cfg.eval.ts)
-    return plan_memory(mcfg, mesh, optimizer, rollout_batch=max(batch, eval_rows), max_len=cfg.rollout.max_len,
-                       update_rows=mb, microbatches=micro, remat=bool(getattr(t, "remat", False)),
-                       device_memory_gb=float(getattr(cfg.mesh, "device_memory_gb", 0.0)))
+    from bmrl.model.lora import LoRASpec
+
+    spec = LoRASpec.of(cfg.model.lora) if cfg.model.lora.rank else None
+
+    def plan(spec):
+        return plan_memory(mcfg, mesh, optimizer, rollout_batch=max(batch, eval_rows), max_len=cfg.rollout.max_len,
+                           update_rows=mb, microbatches=micro, remat=bool(getattr(t, "remat", False)),
+                           device_memory_gb=float(getattr(cfg.mesh, "device_memory_gb", 0.0)),
+                           kl_reference=t.kl_coef > 0, lora=spec)
+
+    out = plan(spec)
+    if spec is None:
+        return out
+    full = plan(None)
+    adapters = (out.params - out.frozen) / max(out.frozen, 1)
+    saving = (
+        f"LoRA rank {spec.rank} on {len(spec.targets)} projections: adapters {adapters:.2%} of the base's bytes; "
+        f"full fine-tuning of this config needs {full.peak / GIB:.3f} GiB (params {full.params / GIB:.3f}, "
+        f"optimizer {full.opt_state / GIB:.3f}, gradients {full.grads / GIB:.3f}"
+        + (f", KL reference {full.reference / GIB:.3f}" if full.reference else "")
+        + f"): LoRA saves {(full.peak - out.peak) / GIB:.3f} GiB ({1 - out.peak / max(full.peak, 1):.0%})"
+    )
+    return dataclasses.replace(out, notes=out.notes + (saving,))
 
 
-__all__ = ["HEADROOM", "MemoryPlan", "MemoryPlanError", "activation_bytes", "device_capacity", "plan_for_config",
-           "plan_memory", "remat_layers"]
+__all__ = ["HEADROOM", "MemoryPlan", "MemoryPlanError", "activation_bytes", "device_capacity", "lora_activation_bytes",
+           "plan_for_config", "plan_memory", "remat_layers"]

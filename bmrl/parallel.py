@@ -36,6 +36,12 @@ DEFAULT_RULES: tuple[tuple[str, P], ...] = (
     (r"(q_proj|k_proj|v_proj)/bias$", P("tensor")),  # follows the kernel's output axis
     (r"(o_proj|down_proj|gate_proj|up_proj)/bias$", P()),  # [hidden]-sized: replicated
     (r"lm_head/kernel$", P("fsdp", "tensor")),  # untied head [hidden, vocab]
+    # LoRA adapters (bmrl.model.lora): A [in, rank] splits like its kernel's input axis, B [rank, out] like
+    # its output axis, the rank axis replicated: x A B comes out laid out as x kernel does.
+    (r"(q_proj|k_proj|v_proj|gate_proj|up_proj)/lora_a$", P("fsdp")),
+    (r"(q_proj|k_proj|v_proj|gate_proj|up_proj)/lora_b$", P(None, "tensor")),
+    (r"(o_proj|down_proj)/lora_a$", P("tensor")),
+    (r"(o_proj|down_proj)/lora_b$", P(None, "fsdp")),
     # RMSNorm scales (Gemma's sandwich norms, Qwen3/Gemma 3's per-head q/k norms): replicated
     (r"(^|/)(input_layernorm|post_attention_layernorm|pre_feedforward_layernorm|post_feedforward_layernorm|norm"
      r"|q_norm|k_norm)/weight$", P()),

@@ -1,6 +1,6 @@
 """The SFT base policy: behaviour cloning of eps-noisy oracle demonstrations (errors; recovery in a fraction).
 
-    summary = run_sft(cfg)     # writes <out_dir>/policy (HF dir), config.yaml, sft_metrics.jsonl, summary.json
+    summary = run_sft(cfg)     # writes <out_dir>/policy (HF dir; LoRA: policy_adapter/ too), config.yaml, sft_metrics.jsonl, summary.json
 
 Each step draws `sft.batch_size` fresh demonstrations (the run's player: `bmrl.learn.demos.make_demos`
 for a JAX env, cut after the demonstrator's first wrong action, except a fraction `sft.recovery` that
@@ -32,16 +32,18 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from bmrl.build import Run, build_run, build_tokenizer, check_demos, fitting_cap, load_policy, new_policy
+from bmrl.build import Run, base_dir, build_run, build_tokenizer, check_demos, fitting_cap, load_policy, new_policy, with_lora
 from bmrl.checkpoint import Checkpointer
 from bmrl.config import Config, to_dict
 from bmrl.eval.run import evaluate_config
 from bmrl.learn.demos import longest_reply
 from bmrl.learn.optim import optimizer_from_config
 from bmrl.learn.sft import demo_stats, make_sft_step
+from bmrl.learn.step import DROPOUT_STREAM
 from bmrl.metrics import MetricsLogger
 from bmrl.model.decoder import num_params
-from bmrl.model.hf import save_pretrained
+from bmrl.model.peft import export_policy
+from bmrl.model.lora import has_lora, split_lora
 from bmrl.rundir import RunDir
 
 
@@ -84,6 +86,7 @@ def _policy(cfg: Config, run: Run | None) -> tuple[Any, Any, Run]:
     else:
         tokenizer = build_tokenizer(cfg) if run is None else run.tokenizer
         model = new_policy(cfg, tokenizer)
+    model = with_lora(cfg, model)  # model.lora.rank > 0: fresh adapters on the frozen model
     return model, tokenizer, build_run(cfg, tokenizer) if run is None else run  # `bmrl sft` passes its bundle
 
 
@@ -113,10 +116,14 @@ def _fit(cfg: Config, run: Run, params, demos_at: Callable, out_dir: str, log: C
     (step s's demonstrations are a function of the seed and s). Returns (params, losses, the last logged row)."""
     s = cfg.sft
     tx = optimizer_from_config(s.optim, s.steps)
-    graphdef, params = nnx.split(params)
+    if has_lora(params):  # LoRA: the adapters train, the base is a frozen input of the step
+        graphdef, params, base = split_lora(params)
+    else:
+        (graphdef, params), base = nnx.split(params), None
     opt_state = jax.tree.map(jnp.copy, tx.init(params))  # distinct buffers: the step donates them
     max_targets = s.demo_turns * (longest_reply(run.env, run.fmt, cfg.rollout.max_reply_tokens) + 1)  # reply + stop
     step_fn = make_sft_step(graphdef, tx, max_targets)
+    dropout_key = jax.random.fold_in(jax.random.key(cfg.seed), DROPOUT_STREAM)  # LoRA dropout draws: (seed, step)
     t_train, log_every = time.time(), max(1, s.steps // 10)
     saved_at = t_train
     pending: list[tuple[int, dict]] = []  # device metrics, fetched at log steps (keeps dispatch async)
@@ -131,7 +138,8 @@ def _fit(cfg: Config, run: Run, params, demos_at: Callable, out_dir: str, log: C
     try:
         for step in range(start, s.steps):
             d = demos_at(step)
-            params, opt_state, m = step_fn(params, opt_state, d.tokens, d.length, d.loss_mask)
+            drop = None if base is None or not cfg.model.lora.dropout else jax.random.fold_in(dropout_key, step)
+            params, opt_state, m = step_fn(params, opt_state, d.tokens, d.length, d.loss_mask, base, drop)
             pending.append((step, m))
             if step % log_every == 0 or step == s.steps - 1:
                 elapsed = round(time.time() - t_train, 3)
@@ -155,7 +163,7 @@ def _fit(cfg: Config, run: Run, params, demos_at: Callable, out_dir: str, log: C
         logger.close()
         ckpt.close()
     jax.block_until_ready(params)
-    return nnx.merge(graphdef, params), losses, last
+    return nnx.merge(graphdef, params, *([] if base is None else [base])), losses, last
 
 
 def run_sft(cfg: Config, *, log: Callable[[str], Any] = print, return_model: bool = False, run=None,
@@ -194,11 +202,12 @@ def run_sft(cfg: Config, *, log: Callable[[str], Any] = print, return_model: boo
                                cfg.out_dir, log, on_step)
     train_time = time.time() - t_train
     result = evaluate_policy(model, run, cfg, test, cap, eval_key)
-    policy_dir = Path(cfg.out_dir) / "policy"
-    save_pretrained(model, tokenizer, policy_dir)
+    written = export_policy(model, tokenizer, cfg.out_dir, base_dir(cfg))  # LoRA: policy_adapter/ beside policy/
+    policy_dir = Path(written["policy"])
     summary = _summary(cfg, run, model, cap, player.count(test), before, result, losses, last, policy_dir)
     summary |= {"train_time_s": round(train_time, 2), "wall_time_s": round(time.time() - t_start, 2),
-                "policy_dir": str(policy_dir)}
+                "policy_dir": str(policy_dir)} | ({"policy_adapter": written["policy_adapter"]}
+                                                   if "policy_adapter" in written else {})
     rundir.write_json("summary.json", summary)
     log(
         f"sft done: success@T={cap} greedy {summary['success_greedy']:.3f} sampled {summary['success_sampled']:.3f} "

@@ -17,9 +17,10 @@ The run's player (`bmrl.build.players`) plays the env: a JAX env in one compiled
 from the host on the same compiled turn; the loop never asks which.
 Resumes from the newest checkpoint in `cfg.out_dir/checkpoints` automatically. Because every random
 draw derives from (seed, step) and the checkpoint holds params, optimizer state, key and data
-position, a run killed at any moment and resumed ends with bitwise-identical parameters on CPU.
+position (with LoRA: the adapters, their optimizer state and the base's identity, its path and
+content hash, so a resume against another base is refused), a run killed at any moment and resumed ends with bitwise-identical parameters on CPU.
 Outputs in `cfg.out_dir`: config.yaml, metrics.jsonl, tb/, checkpoints/, policy/ (a Hugging Face
-directory), summary.json; with a Python env (env.kind=python) also faults.jsonl, one line per fault
+directory; with LoRA also policy_adapter/, a PEFT adapter on the base), summary.json; with a Python env (env.kind=python) also faults.jsonl, one line per fault
 of user code (step, task, turn, kind, message), counted per step as `rollout/faults`.
 """
 
@@ -41,14 +42,15 @@ from flax import nnx
 from bmrl import compiles as compiles_lib
 from bmrl import config as config_lib
 from bmrl import memory as memory_lib
-from bmrl.build import Run, build_run, eval_split, init_policy
-from bmrl.checkpoint import Checkpointer, key_data
+from bmrl.build import Run, base_dir, build_run, eval_split, init_policy
+from bmrl.checkpoint import CheckpointMismatch, Checkpointer, key_data
 from bmrl.distributed import to_host
 from bmrl.eval.run import evaluate_config
 from bmrl.learn import optimizer_from_config
 from bmrl.learn import step as step_lib
 from bmrl.metrics import MetricsLogger, Progress, read_jsonl, to_scalar, write_jsonl_atomic
-from bmrl.model import save_pretrained
+from bmrl.model.peft import export_policy
+from bmrl.model.lora import content_hash, has_lora, split_lora
 from bmrl.parallel import make_mesh, param_shardings, shard_batch, state_shardings
 from bmrl.rundir import RunDir
 
@@ -182,7 +184,14 @@ class Trainer:
         """Optimizer, memory plan, placed learner, programs and evaluators; the state resumed from the
         newest complete checkpoint, if any (else a fresh one)."""
         cfg, t = self.cfg, self.t
-        self.graphdef, params = nnx.split(policy)
+        self.lora = has_lora(policy)
+        if self.lora:  # train the adapters; the base is frozen, placed once, and the KL reference
+            self.graphdef, params, base = split_lora(policy)
+            self.base = jax.device_put(base, param_shardings(base, self.mesh))
+            self.base_identity = {"path": base_dir(cfg), "sha256": content_hash(base)}
+        else:
+            self.graphdef, params = nnx.split(policy)
+            self.base = None
         optimizer = optimizer_from_config(t.optim, t.steps * t.epochs * t.minibatches, master_f32=t.f32_master)
         plan = memory_lib.plan_for_config(cfg, policy.config, self.mesh, optimizer)
         if jax.process_index() == 0:
@@ -191,7 +200,7 @@ class Trainer:
                 print(f"bmrl train: format: {note}", flush=True)
         plan.check()  # MemoryPlanError (a ConfigError, exit 2) before anything big is allocated
         params, opt_state, self.shardings = place_learner(optimizer, params, self.mesh)
-        self.ref_params = jax.tree.map(jnp.copy, params) if t.kl_coef > 0 else None
+        self.ref_params = self.base if self.lora else jax.tree.map(jnp.copy, params) if t.kl_coef > 0 else None
         state = TrainState(params, opt_state, jax.random.key(cfg.seed))
         self.ckpt = Checkpointer(os.path.join(self.out, "checkpoints"), keep=cfg.checkpoint.keep,
                                  every=cfg.checkpoint.every)
@@ -199,7 +208,8 @@ class Trainer:
         rcfg = self.run.rollout
         self.play = self.player.playing(self.graphdef, rcfg, self.mesh)
         self.update = step_lib.make_update(self.graphdef, optimizer, t, rcfg.sampling.temperature,
-                                           shardings=self.shardings)
+                                           shardings=self.shardings, frozen=self.lora,
+                                           dropout=cfg.model.lora.dropout)
         budget, batch = self.run.budget, self.batch
         self.sample_caps = compiles_lib.counted_jit(
             lambda key: budget.sample(key, batch, t.group_size, cfg.budget.share_in_group), name="budget_sample")
@@ -217,10 +227,20 @@ class Trainer:
         if restored is None:
             return state
         arrays, meta = restored
+        if self.lora and meta.get("base") != self.base_identity:
+            raise CheckpointMismatch(
+                f"the checkpoints in {self.ckpt.directory} hold LoRA adapters trained on another base "
+                f"({meta.get('base')}) than this run loads ({self.base_identity}): adapters only fit the base they "
+                "were trained on. Point model.path at that base, or use a new out_dir."
+            )
         params, opt_state = jax.device_put((arrays["params"], arrays["opt_state"]), self.shardings)  # this mesh
         print(f"bmrl train: resumed from {self.ckpt.directory} at step {int(meta['step'])}", flush=True)
         return TrainState(params, opt_state, jax.random.wrap_key_data(jnp.asarray(arrays["key"])), int(meta["step"]),
                           int(meta["data_position"]), RunRecord.from_meta(meta))
+
+    def policy_params(self, params: Any) -> Any:
+        """The whole policy's state: `params`, with LoRA the adapters joined to the frozen base (no copy)."""
+        return nnx.merge_state(params, self.base) if self.lora else params
 
     def compile_counts(self) -> dict[str, int]:
         """Compiles of this run per program (bmrl.compiles), since the run started."""
@@ -237,7 +257,7 @@ class Trainer:
                        t.tasks_per_step, cfg.seed)
         rows = self.player.take(self.train_tasks, np.repeat(idx, t.group_size))
         caps = shard_batch(self.sample_caps(jax.random.fold_in(key, 0)), self.mesh)  # as eval caps: one compile
-        traj, faults = self.play(state.params, rows, caps, jax.random.fold_in(key, 1))
+        traj, faults = self.play(self.policy_params(state.params), rows, caps, jax.random.fold_in(key, 1))
         _log_faults(self.out, state.step + 1, faults, rows)
         stats = _rollout_stats(traj) | ({"faults": len(faults)} if faults is not None else {})
         params, opt_state, m = self.update(state.params, state.opt_state, self.ref_params, traj,
@@ -274,14 +294,15 @@ class Trainer:
         if self.ckpt.due(done, t.steps):
             self.ckpt.save(done, state.arrays(), {"data_position": state.data_position,
                                                   "config": config_lib.to_dict(self.cfg),
-                                                  "run": state.record.to_meta(self.logger.count)})
+                                                  "run": state.record.to_meta(self.logger.count)}
+                           | ({"base": self.base_identity} if self.lora else {}))
             self.ckpt.commit()  # a failed write stops the run here (CheckpointWriteError), not a save later
 
     def evaluate(self, state: TrainState) -> None:
         """Pass@(1,T) at the state's step: the test split at the first and last step (the gain), validation between."""
         step = state.step
         split = "test" if step in (0, self.t.steps) else eval_split(self.cfg, self.run)
-        res = self.evaluators[split](state.params, jax.random.fold_in(jax.random.fold_in(state.key, EVAL_STREAM), step))
+        res = self.evaluators[split](self.policy_params(state.params), jax.random.fold_in(jax.random.fold_in(state.key, EVAL_STREAM), step))
         state.record.eval_log[step] = res
         prefix = "eval" if split == "test" else "val"
         self.logger.write(step, {f"{prefix}/pass1_T{T}": p for T, (p, _) in res.items()}
@@ -295,10 +316,11 @@ class Trainer:
         self.logger.close()
 
     def finish(self, state: TrainState, tokenizer, wall0: float) -> dict:
-        """Save the policy (a Hugging Face directory) and return the summary."""
+        """Save the policy (a Hugging Face directory; with LoRA also the PEFT adapter) and return the summary."""
         t, rec = self.t, state.record
-        policy_dir = os.path.join(self.out, "policy")
-        save_pretrained(nnx.merge(self.graphdef, state.params), tokenizer, policy_dir)
+        written = export_policy(nnx.merge(self.graphdef, self.policy_params(state.params)), tokenizer, self.out,
+                                base_dir(self.cfg))
+        policy_dir = written["policy"]
         log = rec.eval_log
         final_eval = (log.get(t.steps) or log[max(log)]) if log else {}
         first_eval = log[min(log)] if log else {}
@@ -316,7 +338,7 @@ class Trainer:
             "eval_initial": {str(T): {"pass1": p, "se": se} for T, (p, se) in first_eval.items()},
             "eval_history": {str(s): {str(T): p for T, (p, _) in r.items()} for s, r in sorted(log.items())},  # test at 0 and the end, validation between
             "policy": policy_dir,
-        }
+        } | ({"policy_adapter": written["policy_adapter"]} if "policy_adapter" in written else {})
 
 
 def train(cfg, *, progress: bool | None = None, run: Run | None = None,

@@ -30,16 +30,17 @@ from bmrl.build.env import (
     run_format,
 )
 from bmrl.build.players import HostPlayer, JaxPlayer
-from bmrl.build.policy import build_tokenizer, init_policy, load_policy, model_config, new_policy
+from bmrl.build.policy import base_dir, build_tokenizer, init_policy, load_policy, lora_spec, model_config, new_policy, with_lora
 from bmrl.build.run import Run, build_reproduce_run, build_run, make_player
 from bmrl.build.tasks import data_dir, eval_split, run_splits, split_tasks, suite_line, suite_sizes, suite_summary
 from bmrl.build.checks import check_demos, check_fits, fitting_cap
 from bmrl.config import make_budget  # noqa: F401 - re-exported: the budget of a run's section
 
 __all__ = [
-    "HostPlayer", "JaxPlayer", "Run", "SIZE_KEYS", "build_reproduce_run", "build_run", "build_tokenizer", "check_demos",
+    "HostPlayer", "JaxPlayer", "Run", "SIZE_KEYS", "base_dir", "build_reproduce_run", "build_run", "build_tokenizer", "check_demos",
     "check_fits", "data_dir", "fitting_cap",
-    "env_label", "env_line", "env_name", "eval_split", "host_config", "init_policy", "load_policy", "make_env", "make_player", "mesh_config",
-    "model_config", "new_policy", "python_parts", "python_sizes", "python_splits", "replays_states", "rollout_config", "run_format",
+    "env_label", "env_line", "env_name", "eval_split", "host_config", "init_policy", "load_policy", "lora_spec", "make_env",
+    "make_player", "mesh_config", "model_config", "new_policy", "with_lora", "python_parts", "python_sizes", "python_splits",
+    "replays_states", "rollout_config", "run_format",
     "run_splits", "split_tasks", "suite_line", "suite_sizes", "suite_summary",
 ]

@@ -21,6 +21,8 @@ from bmrl.model.config import ConfigError as ModelConfigError
 from bmrl.model.config import ModelConfig
 from bmrl.model.decoder import init_model
 from bmrl.model.hf import TOKENIZER_FILES, CheckpointError, from_pretrained, load_config
+from bmrl.model.lora import LoRASpec, add_lora, merge_lora, spec_of
+from bmrl.model.peft import adapter_config, from_adapter_dir, is_adapter_dir
 from bmrl.model.tokenizer import load_tokenizer, train_tiny_tokenizer
 from bmrl.rollout.pyenv import DEFAULT_INSTRUCTIONS
 
@@ -88,23 +90,63 @@ def new_policy(cfg: Config, tokenizer):
     return init_model(model_config(cfg, tokenizer), cfg.seed)
 
 
+def lora_spec(cfg: Config) -> LoRASpec:
+    """The `model.lora` section as a `LoRASpec` (rank 0: no adapters)."""
+    return LoRASpec.of(cfg.model.lora)
+
+
+def with_lora(cfg: Config, policy):
+    """`policy` with fresh adapters per `model.lora` (seed `cfg.seed`; A random, B zero: the same
+    outputs as the base), or unchanged at rank 0. A policy loaded from an adapter directory keeps its
+    adapters (trained on) when `model.lora` asks for the same rank and targets, and is merged into a
+    plain model at rank 0 (full fine-tuning from it)."""
+    spec, have = lora_spec(cfg), spec_of(policy)
+    if have is None:
+        return add_lora(policy, spec, cfg.seed)
+    if spec.rank == 0:
+        return merge_lora(policy)
+    if (have.rank, set(have.targets)) != (spec.rank, set(spec.targets)):
+        raise ConfigError("model.lora", f"model.path holds adapters of rank {have.rank} on {list(have.targets)}, but "
+                          f"model.lora asks for rank {spec.rank} on {list(spec.targets)}; set model.lora to match "
+                          "(to train them on), or model.lora.rank=0 (to fine-tune the merged model).")
+    return policy
+
+
+def base_dir(cfg: Config) -> str | None:
+    """The directory of the base model a LoRA run's adapters sit on: `model.path` (an adapter directory's
+    base when it is one), absolute; None for a tiny model built from scratch."""
+    path = cfg.model.path
+    if path is None:
+        return None
+    if is_adapter_dir(path):
+        try:
+            path = adapter_config(path)[1]
+        except CheckpointError as err:
+            raise ConfigError("model.path", str(err)) from None
+    return os.path.abspath(path)
+
+
 def init_policy(cfg: Config, tokenizer=None) -> tuple[Any, Any]:
     """(policy, tokenizer): from `cfg.model.path` (a Hugging Face directory, e.g. an SFT output), or
-    a fresh tiny decoder (seed `cfg.seed`) with `tokenizer` (default: the tiny one, `build_tokenizer`)."""
+    a fresh tiny decoder (seed `cfg.seed`) with `tokenizer` (default: the tiny one, `build_tokenizer`);
+    with `model.lora.rank > 0` the policy carries fresh adapters (`with_lora`)."""
     if cfg.model.path:
-        return load_policy(cfg.model.path)
-    tok = build_tokenizer(cfg) if tokenizer is None else tokenizer
-    return new_policy(cfg, tok), tok
+        policy, tok = load_policy(cfg.model.path)
+    else:
+        tok = build_tokenizer(cfg) if tokenizer is None else tokenizer
+        policy = new_policy(cfg, tok)
+    return with_lora(cfg, policy), tok
 
 
 def load_policy(path: str | os.PathLike):
-    """`(model, tokenizer)` from a local Hugging Face directory (`bmrl.model.from_pretrained`).
+    """`(model, tokenizer)` from a local Hugging Face directory (`bmrl.model.from_pretrained`), or from a
+    PEFT adapter directory (`bmrl.model.peft`: the base it names, with its LoRA adapters).
 
     A missing directory or one without tokenizer files fails with a message saying what to pass.
     """
     _check_dir(path)
     try:
-        model, tokenizer = from_pretrained(path)
+        model, tokenizer = from_adapter_dir(path) if is_adapter_dir(path) else from_pretrained(path)
     except CheckpointError as err:
         raise ConfigError("model.path", f"{err} Fix the directory or point model.path elsewhere.") from None
     if tokenizer is None:
@@ -124,10 +166,16 @@ def _check_dir(path) -> None:
 
 
 def _hf_tokenizer(path):
-    """The tokenizer of HF directory `path`, once its config.json has loaded (weights are not read)."""
+    """The tokenizer of HF directory `path`, once its config.json has loaded (weights are not read); an
+    adapter directory's own, or its base's."""
     _check_dir(path)
     try:
-        load_config(path)
+        if is_adapter_dir(path):
+            base = adapter_config(path)[1]  # (checked: its config.json is there)
+            if not any(os.path.isfile(os.path.join(path, name)) for name in TOKENIZER_FILES):
+                return _hf_tokenizer(base)
+        else:
+            load_config(path)
     except CheckpointError as err:
         raise ConfigError("model.path", f"{err} Fix the directory or point model.path elsewhere.") from None
     if not any(os.path.isfile(os.path.join(path, name)) for name in TOKENIZER_FILES):
@@ -141,4 +189,4 @@ def _hf_tokenizer(path):
         raise ConfigError("model.path", f"the tokenizer in {str(path)!r} could not be loaded: {err}") from None
 
 
-__all__ = ["build_tokenizer", "init_policy", "load_policy", "model_config", "new_policy"]
+__all__ = ["base_dir", "build_tokenizer", "init_policy", "load_policy", "lora_spec", "model_config", "new_policy", "with_lora"]

@@ -1,7 +1,8 @@
 """`bmrl compare --config FILE --base SPEC --trained SPEC --out DIR`: the study's F1 and F2 between two policies.
 
 Runs on a built-in JAX env or a Python one (env.kind=python: F2 reads the oracle's action from the env's
-info["oracle_action"]; states without one are left out). A SPEC is a local Hugging Face model directory (config.json + weights + tokenizer), a training run's
+info["oracle_action"]; states without one are left out). A SPEC is a local Hugging Face model directory (config.json + weights + tokenizer),
+a PEFT LoRA adapter directory (`<run>/policy_adapter`: loaded onto the base it names), a training run's
 output directory holding one (`<run>/policy`), or a scripted policy `scripted:NAME[:key=value,...]`:
   scripted:oracle                          the environment's best action
   scripted:random                          a uniformly random action
@@ -49,10 +50,11 @@ def parse_spec(text: str) -> dict[str, Any]:
         if os.path.isdir(path) and not os.path.isfile(os.path.join(path, "config.json")) and \
                 os.path.isfile(os.path.join(path, "policy", "config.json")):
             path = os.path.join(path, "policy")  # a run's output directory
-        if not os.path.isfile(os.path.join(path, "config.json")):
+        if not any(os.path.isfile(os.path.join(path, f)) for f in ("config.json", "adapter_config.json")):
             raise ValueError(
-                f"policy {text!r} is neither a Hugging Face model directory (with config.json) nor a run directory "
-                "holding one in policy/, nor scripted:NAME[:key=value,...] with NAME in "
+                f"policy {text!r} is neither a Hugging Face model directory (with config.json), a PEFT LoRA adapter "
+                "directory (adapter_config.json, on its base), nor a run directory holding one in policy/, nor "
+                "scripted:NAME[:key=value,...] with NAME in "
                 f"{', '.join(SCRIPTED)} (e.g. scripted:noisy_oracle:eps=0.2,repair=0.9)."
             )
         return {"kind": "dir", "path": path}

@@ -1,7 +1,7 @@
 """`bmrl eval --config FILE --policy DIR [--policy DIR2 ...]`: Pass@(K,T), decomposition and report.
 
-Each policy (a local Hugging Face directory with its tokenizer) is evaluated on the same held-out
-test tasks of the config's environment (`bmrl.build.split_tasks(cfg, "test", eval.num_tasks)`)
+Each policy (a local Hugging Face directory with its tokenizer, or a PEFT LoRA adapter directory on
+the base it names) is evaluated on the same held-out test tasks of the config's environment (`bmrl.build.split_tasks(cfg, "test", eval.num_tasks)`)
 with the same keys, over the grid eval.ks x eval.ts in eval.mode; then on a fixed probe set of
 noisy-oracle states (decision accuracy) and again with errors injected (recovery with errors
 equalised). Writes results.json, PNG plots and report.md to --out (default <out_dir>/eval). With
@@ -26,7 +26,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_config_args(p, required=True)
-    p.add_argument("--policy", action="append", required=True, metavar="DIR", help="HF model directory (repeatable)")
+    p.add_argument("--policy", action="append", required=True, metavar="DIR", help="HF model directory or PEFT LoRA adapter directory (repeatable)")
     p.add_argument("--names", default=None, help="comma-separated policy names (default: directory names)")
     p.add_argument("--baseline", default=None, help="name every other policy is compared with (default: the first)")
     p.add_argument("--out", default=None, help="output directory (default: <out_dir>/eval)")

@@ -23,6 +23,16 @@ class ConfigError(ValueError):
 
 
 @dataclass
+class LoRACfg:
+    """Low-rank adapters on a frozen base (bmrl.model.lora): only the adapters train, are checkpointed and exported."""
+
+    rank: int = 0  # adapter rank; 0 = off (every parameter trains)
+    alpha: float = 16.0  # adapter scale alpha / rank
+    targets: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])  # adapted projections by HF name (the same in every family)
+    dropout: float = 0.0  # dropout on the adapters' input while learning, in [0, 1)
+
+
+@dataclass
 class ModelCfg:
     """The policy: a local Hugging Face directory, or a tiny decoder trained from scratch."""
 
@@ -38,6 +48,7 @@ class ModelCfg:
     sliding_window: Optional[int] = None  # tiny model: sliding-window attention on the family's layers (Gemma: all but every 2nd/6th; others: all); null = none
     param_dtype: str = "float32"  # parameter storage dtype: float32 | bfloat16
     dtype: str = "float32"  # compute dtype: float32 | bfloat16
+    lora: LoRACfg = field(default_factory=LoRACfg)  # LoRA adapters (rank 0 = full fine-tuning)
 
 
 @dataclass

@@ -266,7 +266,24 @@ def _check_env(cfg: Config, max_cap: int) -> None:
         )
 
 
+def _check_lora(lora) -> None:
+    from bmrl.model.lora import TARGETS  # the projections an adapter may sit on
+
+    if lora.rank < 0:
+        raise ConfigError("model.lora.rank", f"must be >= 0 (0 = no LoRA), got {lora.rank}.")
+    if lora.alpha <= 0:
+        raise ConfigError("model.lora.alpha", f"must be > 0, got {lora.alpha}.")
+    _in_range("model.lora.dropout", lora.dropout, 0, 1, hi_open=True)
+    if not lora.targets:
+        raise ConfigError("model.lora.targets", f"is empty; name projections among {', '.join(TARGETS)}.")
+    for target in lora.targets:
+        _one_of("model.lora.targets", target, TARGETS)
+    if len(set(lora.targets)) != len(lora.targets):
+        raise ConfigError("model.lora.targets", f"names a projection twice: {list(lora.targets)}.")
+
+
 def _check_model(m: ModelCfg) -> None:
+    _check_lora(m.lora)
     _one_of("model.param_dtype", m.param_dtype, ("float32", "bfloat16"))
     _one_of("model.dtype", m.dtype, ("float32", "bfloat16"))
     if m.path is not None:

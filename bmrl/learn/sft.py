@@ -2,6 +2,7 @@
 
     step = make_sft_step(graphdef, tx, max_targets)
     params, opt_state, metrics = step(params, opt_state, demos.tokens, demos.length, demos.loss_mask)
+    # LoRA: step(adapters, opt_state, ..., frozen=base) trains the adapters alone
 
 The SFT run that uses them (demonstrations, evaluation, the policy written out) is `bmrl.sft.run_sft`.
 
@@ -19,6 +20,7 @@ from flax import nnx
 
 from bmrl.learn.demos import Demos
 from bmrl.learn.logprobs import token_logprobs
+from bmrl.model.lora import lora_dropout
 
 
 def sft_loss(
@@ -56,14 +58,19 @@ def sft_loss(
 
 
 def make_sft_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, max_targets: int | None = None) -> Callable:
-    """The jitted `step(params, opt_state, tokens, length, loss_mask) -> (params, opt_state, metrics)`.
+    """The jitted `step(params, opt_state, tokens, length, loss_mask, frozen=None, dropout_key=None) ->
+    (params, opt_state, metrics)`.
 
-    params and opt_state are donated; `max_targets` as in `sft_loss`.
+    params and opt_state are donated; `max_targets` as in `sft_loss`. `frozen`: the state that does not
+    train, merged with `params` (LoRA: params are the adapters, frozen the base); `dropout_key`: the
+    adapters' input dropout draws (`bmrl.model.lora.lora_dropout`; None: no dropout).
     """
 
-    def step(params, opt_state, tokens, length, loss_mask):
+    def step(params, opt_state, tokens, length, loss_mask, frozen=None, dropout_key=None):
         def loss_fn(p):
-            return sft_loss(nnx.merge(graphdef, p), tokens, length, loss_mask, max_targets)
+            states = (p,) if frozen is None else (p, frozen)
+            with lora_dropout(dropout_key):
+                return sft_loss(nnx.merge(graphdef, *states), tokens, length, loss_mask, max_targets)
 
         (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
         updates, opt_state = tx.update(grads, opt_state, params, loss=loss)

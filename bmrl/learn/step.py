@@ -20,6 +20,11 @@ their layouts on both sides (they come back as they went in: one compile for a w
 
 `traj.logprobs` (the sampling policy's) are the "old" log-probs, so the first minibatch of the
 first epoch is exactly on-policy. `params` is the state half of `nnx.split(policy)`.
+
+With LoRA (`frozen=True`) `params` are the adapters only and the third argument is the frozen base
+(`bmrl.model.lora.split_lora`): gradients and optimizer state exist for the adapters alone, the base
+is read, never written, and the KL reference is the base itself (the same forward with the adapters
+zeroed), no copy.
 """
 
 from __future__ import annotations
@@ -36,12 +41,14 @@ from bmrl.learn.logprobs import chunked_token_logprobs, token_logprobs_and_entro
 from bmrl.learn.losses import get_loss
 from bmrl.compiles import counted_jit
 from bmrl.learn.optim import SkipNonFiniteState, all_finite, skip_counts
+from bmrl.model.lora import lora_dropout
 from bmrl.parallel import constrain_batch, replicated
 from bmrl.rollout import Trajectory
 
 # Above this vocabulary size the log-probs are computed from hidden states a chunk of positions at
 # a time, so the full [rows, L, V] logits never exist at once.
 CHUNKED_VOCAB = 8192
+DROPOUT_STREAM = 0x10DA  # fold_in constant of the LoRA dropout keys (apart from the permutation keys)
 
 
 def sequence_mask(length: jax.Array, width: int) -> jax.Array:
@@ -55,11 +62,11 @@ def policy_token_logprobs(
 ) -> tuple[jax.Array, jax.Array]:
     """Log-probs and entropies [B, L] of `tokens` under the policy log_softmax(logits / temperature).
 
-    Matches `bmrl.sampling.policy_logprobs` (greedy, temperature 0, reports temperature 1) and the
+    `params`: the policy's state, or a tuple of states merged together (LoRA: (adapters, base)). Matches `bmrl.sampling.policy_logprobs` (greedy, temperature 0, reports temperature 1) and the
     alignment of `bmrl.learn.token_logprobs` (position i holds log p(token i | tokens < i)).
     """
     t = 1.0 if temperature == 0 else float(temperature)
-    model = nnx.merge(graphdef, params)
+    model = nnx.merge(graphdef, *params) if isinstance(params, tuple) else nnx.merge(graphdef, params)
     if remat:
         from bmrl.memory import remat_layers  # memory (model-family side) reads the config: not imported by learn
 
@@ -91,7 +98,8 @@ def compute_advantages(traj: Trajectory, cfg: Any) -> jax.Array:
 
 
 def make_update(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformationExtraArgs, cfg: Any,
-                temperature: float, *, donate: bool = True, shardings: tuple[Any, Any] | None = None):
+                temperature: float, *, donate: bool = True, shardings: tuple[Any, Any] | None = None,
+                frozen: bool = False, dropout: float = 0.0):
     """Build the jitted `update(params, opt_state, ref_params, traj, key) -> (params, opt_state, metrics)`.
 
     cfg: a `TrainCfg` (advantage, group_size, process_coef, gamma, loss, epochs, minibatches,
@@ -101,6 +109,9 @@ def make_update(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformationE
     state buffers passed in are reused for the outputs (do not use them after the call).
     `shardings=(params_shardings, opt_state_shardings)` (`bmrl.parallel.param_shardings` /
     `state_shardings`) pins both on the way in and out; the batch is pinned along (data, fsdp).
+    With `frozen` (LoRA) the call is `update(adapters, opt_state, base, traj, key)`: `base` is the
+    frozen rest of the policy (required; the KL reference when kl_coef > 0) and `dropout` the adapters'
+    input dropout rate (keys from (key, epoch, row)).
     Compiled as the program "train_step" of `bmrl.compiles`; `update.trace_count()` counts its traces.
     """
     loss_fn = get_loss(cfg.loss)
@@ -118,23 +129,30 @@ def make_update(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformationE
         if mb % micro:
             raise ValueError(f"train.microbatches={micro} does not divide the minibatch of {mb} rows "
                              f"(batch {batch} / train.minibatches {minibatches}); pick a divisor of {mb}.")
+        if frozen and ref_params is None:
+            raise ValueError("make_update(frozen=True): pass the frozen base as the third argument.")
         if mesh is not None:
             traj = constrain_batch(traj, mesh)
-            if ref_params is not None:
+            if ref_params is not None and not frozen:  # (the frozen base keeps the layout it was placed with)
                 ref_params = jax.lax.with_sharding_constraint(ref_params, shardings[0])
         adv = compute_advantages(traj, cfg)
         use_ref = ref_params is not None and cfg.kl_coef > 0
         logp_ref = None
-        if use_ref:
-            logp_ref, _ = policy_token_logprobs(graphdef, ref_params, traj.tokens, traj.length, temperature)
+        if use_ref:  # LoRA: the base alone (adapters zeroed: exactly the base's outputs)
+            ref = (jax.tree.map(jnp.zeros_like, params), ref_params) if frozen else ref_params
+            logp_ref, _ = policy_token_logprobs(graphdef, ref, traj.tokens, traj.length, temperature)
             logp_ref = jax.lax.stop_gradient(logp_ref)
         rows = dict(tokens=traj.tokens, length=traj.length, loss_mask=traj.loss_mask,
                     logp_old=traj.logprobs, adv=adv)
         if use_ref:
             rows["logp_ref"] = logp_ref
+        drop_key = jax.random.fold_in(key, DROPOUT_STREAM) if frozen and dropout else None
 
         def loss_of(p, data):
-            logp, ent = policy_token_logprobs(graphdef, p, data["tokens"], data["length"], temperature, remat)
+            weights = (p, ref_params) if frozen else p
+            with lora_dropout(None if drop_key is None else jax.random.fold_in(drop_key, data["draw"][0])):
+                logp, ent = policy_token_logprobs(graphdef, weights, data["tokens"], data["length"], temperature,
+                                                  remat)
             if not cfg.entropy_coef:
                 ent = jax.lax.stop_gradient(ent)
             loss, m = loss_fn(logp, data["logp_old"], data["adv"], data["loss_mask"],
@@ -147,9 +165,11 @@ def make_update(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformationE
                 return loss, m, grads
             return accumulate_grads(loss_of, p, data, micro, cfg.aggregation)
 
-        def minibatch_step(carry, idx):
-            p, s = carry
+        def minibatch_step(carry, xs):
+            (p, s), (idx, epoch) = carry, xs
             data = jax.tree.map(lambda x: x[idx], rows)
+            if drop_key is not None:  # one dropout key per (epoch, first row of each micro-batch)
+                data["draw"] = epoch * batch + idx
             loss, m, grads = grads_of(p, data)
             grad_norm = optax.tree.norm(grads)
             updates, s_new = optimizer.update(grads, s, p, loss=loss)
@@ -160,7 +180,7 @@ def make_update(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformationE
 
         def epoch_step(carry, epoch):
             perm = jax.random.permutation(jax.random.fold_in(key, epoch), batch)
-            return jax.lax.scan(minibatch_step, carry, perm.reshape(minibatches, mb))
+            return jax.lax.scan(minibatch_step, carry, (perm.reshape(minibatches, mb), jnp.full(minibatches, epoch)))
 
         (params, opt_state), ms = jax.lax.scan(epoch_step, (params, opt_state), jnp.arange(epochs))
         counts = skip_counts(opt_state)

@@ -25,6 +25,7 @@ from safetensors.numpy import save_file
 from bmrl.model.config import SUPPORTED_ACTIVATIONS, ConfigError, ModelConfig
 from bmrl.model.decoder import Decoder
 from bmrl.model.families import get_family, supported
+from bmrl.model.lora import merge_lora
 from bmrl.model.hf_dir import (
     INDEX_FILE,
     SINGLE_FILE,
@@ -375,9 +376,10 @@ def save_pretrained(
     """Write config.json + safetensors (+ tokenizer files when `tokenizer` is not None) that
     `transformers.AutoModelForCausalLM.from_pretrained(path)` loads.
 
-    Weights keep their dtype. With `max_shard_bytes`, tensors are split over several files named by
+    Weights keep their dtype; a LoRA model is written merged (`bmrl.model.lora.merge_lora`). With `max_shard_bytes`, tensors are split over several files named by
     `model.safetensors.index.json`. Earlier model*.safetensors files in `path` are removed first.
     """
+    model = merge_lora(model)  # LoRA: the merged weights (the adapter alone: `save_adapter`)
     cfg: ModelConfig = model.config
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
