@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -61,6 +62,14 @@ def process_info() -> ProcessInfo:
 def is_multiprocess() -> bool:
     """True when more than one JAX process takes part (after `initialize`)."""
     return jax.process_count() > 1
+
+
+def is_main() -> bool:
+    """True on process 0, the one process that writes a run's files (`bmrl.rundir`, `bmrl.metrics`, the
+    Hugging Face export, reports); the others compute the same values and write nothing (orbax
+    checkpoints are the exception: every process writes its shards). Never starts the JAX backend:
+    before `jax.distributed` is initialised this is the only process."""
+    return not jax.distributed.is_initialized() or jax.process_index() == 0
 
 
 # ---------------------------------------------------------------- initialisation
@@ -256,24 +265,70 @@ def shard_host_batch(tree: Any, mesh: Mesh) -> Any:
     return global_batch_array(mesh, split_batch(tree, mesh), rows)
 
 
+# Seconds and calls spent gathering arrays across processes in `to_host` (the cost of multi-host runs
+# that a summary reports: evaluation rows, Python-env rows, the export); zero on one process.
+TRANSFERS = {"seconds": 0.0, "calls": 0}
+
+
 def to_host(tree: Any) -> Any:
-    """Numpy copies of every leaf; arrays split across processes are gathered (every process gets all)."""
+    """Numpy copies of every leaf: THE way bmrl fetches device arrays to the host. Arrays split across
+    processes are gathered (`process_allgather`; every process gets all, so every process must call
+    it at the same point); the time that takes is added to `TRANSFERS`."""
     from jax.experimental import multihost_utils
 
     def one(x):
         if isinstance(x, jax.Array) and not x.is_fully_addressable and not x.is_fully_replicated:
-            return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+            t0 = time.perf_counter()
+            out = np.asarray(multihost_utils.process_allgather(x, tiled=True))
+            TRANSFERS["seconds"] += time.perf_counter() - t0
+            TRANSFERS["calls"] += 1
+            return out
         return np.asarray(x)
 
     return jax.tree.map(one, tree)
 
 
-def barrier(name: str) -> None:
-    """Wait until every process reaches the barrier `name` (a no-op for one process)."""
-    if jax.process_count() > 1:
-        from jax.experimental import multihost_utils
+BARRIER_TIMEOUT_S = 900  # how long a process waits at a barrier for the others (compiles may differ by minutes)
+_barriers: dict[str, int] = {}
 
-        multihost_utils.sync_global_devices(name)
+
+def barrier(name: str, timeout_s: float = BARRIER_TIMEOUT_S) -> None:
+    """Wait until every process reaches the barrier `name` (a no-op for one process). A barrier of
+    the coordination service, not a device collective: no XLA program, and its own timeout (a
+    process that never comes raises instead of hanging). Names may repeat (each use is numbered)."""
+    if jax.process_count() == 1:
+        return
+    from jax._src import distributed as jax_distributed
+
+    _barriers[name] = _barriers.get(name, 0) + 1
+    jax_distributed.global_state.client.wait_at_barrier(f"{name}#{_barriers[name]}", int(timeout_s * 1000))
+
+
+def warm_collectives(mesh: Mesh) -> None:
+    """Open every cross-process communicator the run's programs can use, all processes together.
+
+    XLA:CPU's Gloo collectives connect a group of devices at its first collective and give the
+    peers 30 s to show up (`GetKeyValue() timed out with key: cpu:gloo/...`, not configurable): a
+    process still compiling its program (minutes on a busy machine) then kills the run. So after a
+    barrier, one program runs a psum over every combination of the mesh's axes, and a gather of
+    all devices (`to_host`): the groups are made while every process waits for them, and XLA keeps
+    them. A no-op for one process, and for accelerators (their collectives do not use Gloo)."""
+    if jax.process_count() == 1 or jax.default_backend() != "cpu":
+        return
+    import itertools
+
+    from jax.sharding import PartitionSpec as P
+
+    axes = [a for a in mesh.axis_names if mesh.shape[a] > 1]
+    groups = [g for n in range(1, len(axes) + 1) for g in itertools.combinations(axes, n)]
+    spec = P(*mesh.axis_names)
+    body = lambda x: [jax.lax.psum(x, g) for g in groups]  # noqa: E731
+    program = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=[spec] * len(groups)))
+    x = jax.device_put(np.zeros(mesh.devices.shape, np.float32), NamedSharding(mesh, spec))
+    program.lower(x).compile()  # every process compiles first; only then do they meet
+    barrier("bmrl-warm-collectives")
+    jax.block_until_ready(program(x))
+    to_host(x)
 
 
 __all__ = [
@@ -284,9 +339,12 @@ __all__ = [
     "ENV_PROCESS_ID",
     "DistributedError",
     "ProcessInfo",
+    "BARRIER_TIMEOUT_S",
     "barrier",
     "global_batch_array",
     "initialize",
+    "TRANSFERS",
+    "is_main",
     "is_multiprocess",
     "local_rows",
     "process_info",
@@ -294,4 +352,5 @@ __all__ = [
     "shard_host_batch",
     "split_batch",
     "to_host",
+    "warm_collectives",
 ]
