@@ -33,6 +33,7 @@ ENV_NUM_PROCESSES = "BMRL_NUM_PROCESSES"
 ENV_PROCESS_ID = "BMRL_PROCESS_ID"
 ENV_LOCAL_DEVICE_IDS = "BMRL_LOCAL_DEVICE_IDS"
 ENV_MODE = "BMRL_DISTRIBUTED"  # auto | off (unset: explicit settings or cluster variables decide)
+ENV_HEARTBEAT = "BMRL_HEARTBEAT_TIMEOUT_S"  # seconds without a heartbeat before a process counts as dead
 
 
 class DistributedError(RuntimeError):
@@ -174,8 +175,13 @@ def initialize(
         return info
     settings = resolve_settings(coordinator_address, num_processes, process_id, local_device_ids)
     if settings is not None:
+        import inspect
+
+        extra = {}
+        if "heartbeat_timeout_seconds" in inspect.signature(jax.distributed.initialize).parameters:  # jax 0.10, 0.11
+            extra["heartbeat_timeout_seconds"] = _int(ENV_HEARTBEAT, os.environ.get(ENV_HEARTBEAT) or HEARTBEAT_TIMEOUT_S)
         try:
-            jax.distributed.initialize(**settings, initialization_timeout=timeout_s)
+            jax.distributed.initialize(**settings, initialization_timeout=timeout_s, **extra)
         except (RuntimeError, ValueError) as err:
             where = settings.get("coordinator_address", "auto-detected cluster")
             raise DistributedError(
@@ -288,6 +294,70 @@ def to_host(tree: Any) -> Any:
     return jax.tree.map(one, tree)
 
 
+def gather_objects(obj: Any) -> list[Any]:
+    """Every process's `obj` (JSON-able), in process order; every process must call it at the same
+    point. For host-side results such as the faults of Python environments, logged once by process 0."""
+    import json
+
+    from jax.experimental import multihost_utils
+
+    if jax.process_count() == 1:
+        return [obj]
+    t0 = time.perf_counter()
+    data = np.frombuffer(json.dumps(obj).encode(), np.uint8)
+    sizes = np.asarray(multihost_utils.process_allgather(np.asarray([data.size], np.int32))).reshape(-1)
+    padded = np.zeros(int(sizes.max()), np.uint8)
+    padded[: data.size] = data
+    rows = np.asarray(multihost_utils.process_allgather(padded)).reshape(len(sizes), -1)
+    TRANSFERS["seconds"] += time.perf_counter() - t0
+    TRANSFERS["calls"] += 1
+    return [json.loads(bytes(rows[i, : sizes[i]]).decode()) for i in range(len(sizes))]
+
+
+EXIT_PEER_FAILED = 4  # exit status of a process stopped because the run failed across processes
+HEARTBEAT_TIMEOUT_S = 60  # a process silent this long is declared dead by the coordination service
+
+
+def dead_processes() -> list[int] | None:
+    """The processes the coordination service no longer sees (their heartbeats stopped), or None when
+    it cannot be asked (process 0, which hosts it, is gone)."""
+    from jax._src import distributed as jax_distributed
+
+    client = jax_distributed.global_state.client
+    try:
+        live = client.get_live_nodes(list(range(jax.process_count())))
+    except Exception:  # noqa: BLE001 - the service itself is unreachable
+        return None
+    return [p for p in range(jax.process_count()) if p not in live]
+
+
+def stop_after_failure(prog: str, err: BaseException) -> None:
+    """End this process of a multi-process run at once after `err`, saying which processes are gone.
+
+    A process that raises normally would wait in jax.distributed's shutdown barrier (minutes) for
+    peers that may be dead, and they for it; so the error is printed, with the dead processes named,
+    and the process exits with `EXIT_PEER_FAILED` without that barrier (`os._exit`). Checkpoints
+    are safe: orbax commits a step only once every process has written it (a temporary directory
+    is all a cut save leaves, removed on restart)."""
+    import sys
+    import traceback
+
+    traceback.print_exception(err, file=sys.stderr)
+    dead = dead_processes()
+    me = jax.process_index()
+    if dead is None:
+        who = "process 0 (the coordinator) is unreachable: it stopped or its host is gone"
+    elif dead:
+        who = f"process{'es' if len(dead) > 1 else ''} {', '.join(map(str, dead))} stopped (no heartbeat)"
+    else:
+        who = "every process is still alive: the error above is this process's own"
+    print(f"bmrl {prog}: process {me} of {jax.process_count()} stops: {type(err).__name__}; {who}. "
+          f"Restart all processes with the same command to resume from the last complete checkpoint.",
+          file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os._exit(EXIT_PEER_FAILED)
+
+
 BARRIER_TIMEOUT_S = 900  # how long a process waits at a barrier for the others (compiles may differ by minutes)
 _barriers: dict[str, int] = {}
 
@@ -333,6 +403,11 @@ def warm_collectives(mesh: Mesh) -> None:
 
 __all__ = [
     "ENV_COORDINATOR",
+    "ENV_HEARTBEAT",
+    "EXIT_PEER_FAILED",
+    "HEARTBEAT_TIMEOUT_S",
+    "dead_processes",
+    "stop_after_failure",
     "ENV_LOCAL_DEVICE_IDS",
     "ENV_MODE",
     "ENV_NUM_PROCESSES",
@@ -341,6 +416,7 @@ __all__ = [
     "ProcessInfo",
     "BARRIER_TIMEOUT_S",
     "barrier",
+    "gather_objects",
     "global_batch_array",
     "initialize",
     "TRANSFERS",

@@ -40,6 +40,7 @@ train:
   group_size: 4
   advantage: grpo
   loss: ppo
+  entropy_coef: 0.01         # rewards are all 0 for a fresh model: the entropy term makes the losses move
   optim: {lr: 3.0e-3, warmup_steps: 0, schedule: constant}
 eval: {ts: [3, 6], ks: [1], attempts: 1, num_tasks: 8, every: 2, bootstrap: 0}
 data: {train_size: 64, test_size: 16}
