@@ -154,6 +154,32 @@ def test_restart_with_one_process_resumes_the_two_process_checkpoint(runs):
     assert got["summary"]["resumed_from"] == 2 and got["summary"]["distributed"]["processes"] == 1
 
 
+def test_python_env_two_processes_step_their_own_rows(tmp_path):
+    """A Python env (tests/test_pyenv_config.py's guessing game, two tasks in three raise in step):
+    with 2 processes each steps only its half of the batch's environments; the trajectories, losses,
+    fault counts and evaluations equal 1 process's, and faults.jsonl holds every fault once."""
+    from tests.test_pyenv_config import _write
+
+    config = _write(tmp_path, "guess_mh")
+    overrides = ["mesh.data=2", "mesh.fsdp=2", "train.group_size=4", "train.entropy_coef=0.01", "eval.num_tasks=4",
+                 "eval.probe_states=0", "--no-progress"]
+    ref_out, multi_out = tmp_path / "ref", tmp_path / "multi"
+    ref = _start(["train", "--config", config, f"out_dir={ref_out}", *overrides], tmp_path / "ref.log", 4)
+    multi = _start(["launch", "--processes", "2", "--cpu-devices", "2", "--logs", str(tmp_path / "logs"), "--",
+                    "train", "--config", config, f"out_dir={multi_out}", *overrides], tmp_path / "multi.log", None)
+    _finish(ref, tmp_path / "ref.log", "the 1-process Python-env run")
+    _finish(multi, tmp_path / "multi.log", "the 2-process Python-env run")
+    got, want = _read(multi_out), _read(ref_out)
+    _assert_same_run(got, want)
+    faults = [r["rollout/faults"] for r in want["records"] if "rollout/faults" in r]
+    assert faults == [r["rollout/faults"] for r in got["records"] if "rollout/faults" in r] and sum(faults) > 0
+    logged = [json.loads(line) for line in open(multi_out / "faults.jsonl")]
+    assert sorted((r["step"], r["row"], r["turn"]) for r in logged) == sorted(
+        (r["step"], r["row"], r["turn"]) for r in map(json.loads, open(ref_out / "faults.jsonl")))
+    assert {r["row"] for r in logged} & set(range(4)) and {r["row"] for r in logged} & set(range(4, 8))  # both halves
+    assert got["summary"]["distributed"]["transfer_s_per_step"] > 0  # the rows and faults crossed processes
+
+
 # ------------------------------------------------------------------ the launcher, without JAX
 def _children(tmp_path, script_by_pid: dict[int, str]) -> list[str]:
     """A command whose process i runs `script_by_pid[i]` (Python source), chosen by BMRL_PROCESS_ID."""
