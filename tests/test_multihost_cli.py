@@ -154,6 +154,44 @@ def test_restart_with_one_process_resumes_the_two_process_checkpoint(runs):
     assert got["summary"]["resumed_from"] == 2 and got["summary"]["distributed"]["processes"] == 1
 
 
+def test_a_killed_process_stops_the_other_within_the_heartbeat_bound(runs):
+    """Two processes started by hand (as on two hosts: no launcher to stop them), process 1 SIGKILLed
+    after the first evaluation: process 0 fails in its next collective, waits for the coordination
+    service to declare process 1 dead (BMRL_HEARTBEAT_TIMEOUT_S, 10 s here) and exits with status 4
+    (EXIT_PEER_FAILED) naming it, instead of hanging; no half-written checkpoint is left as a step."""
+    from bmrl.distributed import EXIT_PEER_FAILED
+    from bmrl.launch import free_port, process_env
+
+    out, heartbeat = runs["tmp"] / "killed", 10
+    port, procs, logs = free_port(), [], [runs["tmp"] / f"killed{i}.log" for i in range(2)]
+    for pid in range(2):
+        env = process_env({**_env(None), "BMRL_HEARTBEAT_TIMEOUT_S": str(heartbeat)}, pid, 2, port, cpu_devices=2)
+        with open(logs[pid], "w") as log:
+            procs.append(subprocess.Popen([sys.executable, "-m", "bmrl", "train", "--config", str(runs["config"]),
+                                           f"out_dir={out}", "train.steps=40", "--no-progress"], env=env, cwd=ROOT,
+                                          stdout=log, stderr=subprocess.STDOUT))
+    try:
+        deadline = time.time() + TIMEOUT_S
+        while "eval step 0" not in logs[0].read_text():
+            assert time.time() < deadline and procs[0].poll() is None, logs[0].read_text()[-3000:]
+            time.sleep(0.5)
+        procs[1].kill()
+        t0 = time.time()
+        code = procs[0].wait(timeout=heartbeat + 90)
+        waited = time.time() - t0
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    text = logs[0].read_text()
+    assert code == EXIT_PEER_FAILED, text[-3000:]
+    assert waited < heartbeat + 60  # the stated bound: the heartbeat timeout plus the failing collective's wait
+    assert "process 0 of 2 stops" in text and "process 1 stopped (no heartbeat)" in text
+    steps = [s for s in (os.listdir(out / "checkpoints") if (out / "checkpoints").is_dir() else []) if s.isdigit()]
+    assert all(os.path.isfile(out / "checkpoints" / s / "_CHECKPOINT_METADATA") for s in steps), steps  # whole ones
+
+
 def test_python_env_two_processes_step_their_own_rows(tmp_path):
     """A Python env (tests/test_pyenv_config.py's guessing game, two tasks in three raise in step):
     with 2 processes each steps only its half of the batch's environments; the trajectories, losses,
