@@ -96,7 +96,22 @@ def _leaf_print(x: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
     return a, b, finite
 
 
-_print_one = jax.jit(_leaf_print)  # one program per (shape, dtype, sharding): leaves may live on different devices
+# All leaves in ONE program: a launch per leaf (as before) hung a 2-process CPU run, one process's
+# device waiting in a Gloo all-reduce of one leaf's program while its other device's launch of the
+# next waited on XLA:CPU's execution semaphore (py-spy/gdb); one launch leaves nothing to interleave.
+_print_all = jax.jit(lambda leaves: [_leaf_print(x) for x in leaves])
+
+
+def _on_one_mesh(leaves: list) -> list:
+    """`leaves` as arrays on one set of devices (jit needs that): leaves off the mesh the sharded ones
+    use (host arrays, a key on one device) are placed on it replicated; every process holds them whole."""
+    mesh = next((x.sharding.mesh for x in leaves
+                 if isinstance(x, jax.Array) and isinstance(x.sharding, jax.sharding.NamedSharding)), None)
+    if mesh is None:
+        return [jnp.asarray(x) for x in leaves]
+    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    return [x if isinstance(x, jax.Array) and getattr(x.sharding, "mesh", None) == mesh
+            else jax.device_put(np.asarray(x), replicated) for x in leaves]
 
 
 def _paths(tree: Any) -> list[tuple[str, Any]]:
@@ -106,10 +121,10 @@ def _paths(tree: Any) -> list[tuple[str, Any]]:
 
 def fingerprints(tree: Any) -> dict[str, dict]:
     """Per array of `tree`: {path: {shape, dtype, fingerprint (16 hex digits), finite}}, computed on
-    device, one jitted pass per array (works on sharded and multi-host arrays)."""
+    device, in one jitted program (works on sharded and multi-host arrays)."""
     named = _paths(tree)
-    leaves = [jnp.asarray(x) for _, x in named]
-    out = to_host([_print_one(x) for x in leaves])  # replicated scalars, readable on every process
+    leaves = _on_one_mesh([x for _, x in named])
+    out = to_host(_print_all(leaves))  # replicated scalars, readable on every process
     return {
         name: {"shape": list(x.shape), "dtype": str(x.dtype), "fingerprint": f"{int(a):08x}{int(b):08x}",
                "finite": bool(f)}

@@ -63,6 +63,13 @@ def main(argv: list[str] | None = None) -> int:
         from bmrl.commands._common import config_exit
 
         raise config_exit(args.command, err) from None
+    except Exception as err:
+        if args.command in DISTRIBUTED_COMMANDS and "jax" in sys.modules:
+            from bmrl.distributed import is_multiprocess, stop_after_failure
+
+            if is_multiprocess():  # never wait in the shutdown barrier for peers that may be gone
+                stop_after_failure(args.command, err)
+        raise
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -32,6 +33,7 @@ ENV_NUM_PROCESSES = "BMRL_NUM_PROCESSES"
 ENV_PROCESS_ID = "BMRL_PROCESS_ID"
 ENV_LOCAL_DEVICE_IDS = "BMRL_LOCAL_DEVICE_IDS"
 ENV_MODE = "BMRL_DISTRIBUTED"  # auto | off (unset: explicit settings or cluster variables decide)
+ENV_HEARTBEAT = "BMRL_HEARTBEAT_TIMEOUT_S"  # seconds without a heartbeat before a process counts as dead
 
 
 class DistributedError(RuntimeError):
@@ -61,6 +63,14 @@ def process_info() -> ProcessInfo:
 def is_multiprocess() -> bool:
     """True when more than one JAX process takes part (after `initialize`)."""
     return jax.process_count() > 1
+
+
+def is_main() -> bool:
+    """True on process 0, the one process that writes a run's files (`bmrl.rundir`, `bmrl.metrics`, the
+    Hugging Face export, reports); the others compute the same values and write nothing (orbax
+    checkpoints are the exception: every process writes its shards). Never starts the JAX backend:
+    before `jax.distributed` is initialised this is the only process."""
+    return not jax.distributed.is_initialized() or jax.process_index() == 0
 
 
 # ---------------------------------------------------------------- initialisation
@@ -165,8 +175,13 @@ def initialize(
         return info
     settings = resolve_settings(coordinator_address, num_processes, process_id, local_device_ids)
     if settings is not None:
+        import inspect
+
+        extra = {}
+        if "heartbeat_timeout_seconds" in inspect.signature(jax.distributed.initialize).parameters:  # jax 0.10, 0.11
+            extra["heartbeat_timeout_seconds"] = _int(ENV_HEARTBEAT, os.environ.get(ENV_HEARTBEAT) or HEARTBEAT_TIMEOUT_S)
         try:
-            jax.distributed.initialize(**settings, initialization_timeout=timeout_s)
+            jax.distributed.initialize(**settings, initialization_timeout=timeout_s, **extra)
         except (RuntimeError, ValueError) as err:
             where = settings.get("coordinator_address", "auto-detected cluster")
             raise DistributedError(
@@ -256,37 +271,156 @@ def shard_host_batch(tree: Any, mesh: Mesh) -> Any:
     return global_batch_array(mesh, split_batch(tree, mesh), rows)
 
 
+# Seconds and calls spent gathering arrays across processes in `to_host` (the cost of multi-host runs
+# that a summary reports: evaluation rows, Python-env rows, the export); zero on one process.
+TRANSFERS = {"seconds": 0.0, "calls": 0}
+
+
 def to_host(tree: Any) -> Any:
-    """Numpy copies of every leaf; arrays split across processes are gathered (every process gets all)."""
+    """Numpy copies of every leaf: THE way bmrl fetches device arrays to the host. Arrays split across
+    processes are gathered (`process_allgather`; every process gets all, so every process must call
+    it at the same point); the time that takes is added to `TRANSFERS`."""
     from jax.experimental import multihost_utils
 
     def one(x):
         if isinstance(x, jax.Array) and not x.is_fully_addressable and not x.is_fully_replicated:
-            return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+            t0 = time.perf_counter()
+            out = np.asarray(multihost_utils.process_allgather(x, tiled=True))
+            TRANSFERS["seconds"] += time.perf_counter() - t0
+            TRANSFERS["calls"] += 1
+            return out
         return np.asarray(x)
 
     return jax.tree.map(one, tree)
 
 
-def barrier(name: str) -> None:
-    """Wait until every process reaches the barrier `name` (a no-op for one process)."""
-    if jax.process_count() > 1:
-        from jax.experimental import multihost_utils
+def gather_objects(obj: Any) -> list[Any]:
+    """Every process's `obj` (JSON-able), in process order; every process must call it at the same
+    point. For host-side results such as the faults of Python environments, logged once by process 0."""
+    import json
 
-        multihost_utils.sync_global_devices(name)
+    from jax.experimental import multihost_utils
+
+    if jax.process_count() == 1:
+        return [obj]
+    t0 = time.perf_counter()
+    data = np.frombuffer(json.dumps(obj).encode(), np.uint8)
+    sizes = np.asarray(multihost_utils.process_allgather(np.asarray([data.size], np.int32))).reshape(-1)
+    padded = np.zeros(int(sizes.max()), np.uint8)
+    padded[: data.size] = data
+    rows = np.asarray(multihost_utils.process_allgather(padded)).reshape(len(sizes), -1)
+    TRANSFERS["seconds"] += time.perf_counter() - t0
+    TRANSFERS["calls"] += 1
+    return [json.loads(bytes(rows[i, : sizes[i]]).decode()) for i in range(len(sizes))]
+
+
+EXIT_PEER_FAILED = 4  # exit status of a process stopped because the run failed across processes
+HEARTBEAT_TIMEOUT_S = 60  # a process silent this long is declared dead by the coordination service
+
+
+def dead_processes() -> list[int] | None:
+    """The processes the coordination service no longer sees (their heartbeats stopped), or None when
+    it cannot be asked (process 0, which hosts it, is gone)."""
+    from jax._src import distributed as jax_distributed
+
+    client = jax_distributed.global_state.client
+    try:
+        live = client.get_live_nodes(list(range(jax.process_count())))
+    except Exception:  # noqa: BLE001 - the service itself is unreachable
+        return None
+    return [p for p in range(jax.process_count()) if p not in live]
+
+
+def stop_after_failure(prog: str, err: BaseException) -> None:
+    """End this process of a multi-process run at once after `err`, saying which processes are gone.
+
+    A process that raises normally would wait in jax.distributed's shutdown barrier (minutes) for
+    peers that may be dead, and they for it; so the error is printed, with the dead processes named,
+    and the process exits with `EXIT_PEER_FAILED` without that barrier (`os._exit`). Checkpoints
+    are safe: orbax commits a step only once every process has written it (a temporary directory
+    is all a cut save leaves, removed on restart)."""
+    import sys
+    import traceback
+
+    traceback.print_exception(err, file=sys.stderr)
+    dead = dead_processes()
+    me = jax.process_index()
+    if dead is None:
+        who = "process 0 (the coordinator) is unreachable: it stopped or its host is gone"
+    elif dead:
+        who = f"process{'es' if len(dead) > 1 else ''} {', '.join(map(str, dead))} stopped (no heartbeat)"
+    else:
+        who = "every process is still alive: the error above is this process's own"
+    print(f"bmrl {prog}: process {me} of {jax.process_count()} stops: {type(err).__name__}; {who}. "
+          f"Restart all processes with the same command to resume from the last complete checkpoint.",
+          file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os._exit(EXIT_PEER_FAILED)
+
+
+BARRIER_TIMEOUT_S = 900  # how long a process waits at a barrier for the others (compiles may differ by minutes)
+_barriers: dict[str, int] = {}
+
+
+def barrier(name: str, timeout_s: float = BARRIER_TIMEOUT_S) -> None:
+    """Wait until every process reaches the barrier `name` (a no-op for one process). A barrier of
+    the coordination service, not a device collective: no XLA program, and its own timeout (a
+    process that never comes raises instead of hanging). Names may repeat (each use is numbered)."""
+    if jax.process_count() == 1:
+        return
+    from jax._src import distributed as jax_distributed
+
+    _barriers[name] = _barriers.get(name, 0) + 1
+    jax_distributed.global_state.client.wait_at_barrier(f"{name}#{_barriers[name]}", int(timeout_s * 1000))
+
+
+def warm_collectives(mesh: Mesh) -> None:
+    """Open every cross-process communicator the run's programs can use, all processes together.
+
+    XLA:CPU's Gloo collectives connect a group of devices at its first collective and give the
+    peers 30 s to show up (`GetKeyValue() timed out with key: cpu:gloo/...`, not configurable): a
+    process still compiling its program (minutes on a busy machine) then kills the run. So after a
+    barrier, one program runs a psum over every combination of the mesh's axes, and a gather of
+    all devices (`to_host`): the groups are made while every process waits for them, and XLA keeps
+    them. A no-op for one process, and for accelerators (their collectives do not use Gloo)."""
+    if jax.process_count() == 1 or jax.default_backend() != "cpu":
+        return
+    import itertools
+
+    from jax.sharding import PartitionSpec as P
+
+    axes = [a for a in mesh.axis_names if mesh.shape[a] > 1]
+    groups = [g for n in range(1, len(axes) + 1) for g in itertools.combinations(axes, n)]
+    spec = P(*mesh.axis_names)
+    body = lambda x: [jax.lax.psum(x, g) for g in groups]  # noqa: E731
+    program = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=[spec] * len(groups)))
+    x = jax.device_put(np.zeros(mesh.devices.shape, np.float32), NamedSharding(mesh, spec))
+    program.lower(x).compile()  # every process compiles first; only then do they meet
+    barrier("bmrl-warm-collectives")
+    jax.block_until_ready(program(x))
+    to_host(x)
 
 
 __all__ = [
     "ENV_COORDINATOR",
+    "ENV_HEARTBEAT",
+    "EXIT_PEER_FAILED",
+    "HEARTBEAT_TIMEOUT_S",
+    "dead_processes",
+    "stop_after_failure",
     "ENV_LOCAL_DEVICE_IDS",
     "ENV_MODE",
     "ENV_NUM_PROCESSES",
     "ENV_PROCESS_ID",
     "DistributedError",
     "ProcessInfo",
+    "BARRIER_TIMEOUT_S",
     "barrier",
+    "gather_objects",
     "global_batch_array",
     "initialize",
+    "TRANSFERS",
+    "is_main",
     "is_multiprocess",
     "local_rows",
     "process_info",
@@ -294,4 +428,5 @@ __all__ = [
     "shard_host_batch",
     "split_batch",
     "to_host",
+    "warm_collectives",
 ]

@@ -8,6 +8,7 @@
 On resume, the records written after the checkpoint resumed from are dropped from the JSONL, so the
 file reads as one uninterrupted run: exactly the first `keep_records` (the count the checkpoint
 stored, `logger.count` at save time), or else those at steps <= `start_step`.
+On a multi-process run only process 0 writes (`bmrl.rundir.writes_here`); the others count the same records.
 """
 
 from __future__ import annotations
@@ -68,16 +69,20 @@ class MetricsLogger:
 
     def __init__(self, out_dir: str | os.PathLike, start_step: int = 0, tensorboard: bool = True,
                  keep_records: int | None = None, name: str = "metrics.jsonl"):
-        os.makedirs(out_dir, exist_ok=True)
+        from bmrl.rundir import writes_here
+
         self.path = os.path.join(out_dir, name)  # SFT logs to sft_metrics.jsonl with the same logger
         if keep_records is not None:
             kept = read_jsonl(self.path)[: max(int(keep_records), 0)]
         else:
             kept = [r for r in read_jsonl(self.path) if r.get("step", 0) <= start_step] if start_step else []
-        write_jsonl_atomic(self.path, kept)
         self.count = len(kept)  # records in the file (a checkpoint stores it: see keep_records)
+        self._file = self._tb = None
+        if not writes_here():  # another process of a multi-process run: process 0 writes
+            return
+        os.makedirs(out_dir, exist_ok=True)
+        write_jsonl_atomic(self.path, kept)
         self._file = open(self.path, "a", buffering=1)
-        self._tb = None
         if tensorboard:
             from tensorboardX import SummaryWriter
 
@@ -87,8 +92,10 @@ class MetricsLogger:
         """Log scalars at `step`; returns the JSON record written."""
         record = {"step": int(step)}
         record.update({k: to_scalar(v) for k, v in metrics.items()})
-        self._file.write(json.dumps(record) + "\n")
         self.count += 1
+        if self._file is None:
+            return record
+        self._file.write(json.dumps(record) + "\n")
         if self._tb is not None:
             for k, v in record.items():
                 if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool):
@@ -96,7 +103,8 @@ class MetricsLogger:
         return record
 
     def close(self) -> None:
-        self._file.close()
+        if self._file is not None:
+            self._file.close()
         if self._tb is not None:
             self._tb.close()
 

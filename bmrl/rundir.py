@@ -13,6 +13,10 @@ The rule, the same for train, sft, eval, reproduce's stages and sweep runs:
 - its config.yaml made with other settings (in the sections the run's result depends on, `SECTIONS`):
   `ConfigError` naming the keys and the fix (delete the directory or choose another out_dir), exit 2;
 - finished (its marker, summary.json, present and accepted): the saved summary; the caller does nothing.
+
+On a multi-process run (`bmrl.distributed`) every process makes the same calls and only process 0
+writes (`writes_here`): one set of outputs, however many hosts; orbax checkpoints, written by every
+process, are the one exception (`bmrl.checkpoint`).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -57,6 +62,16 @@ def probe_writable(path: str | os.PathLike) -> None:
     except OSError as err:
         raise OutputNotWritable(err.errno, f"output directory {path} is not writable ({probe}: "
                                 f"{err.strerror or err}); choose a writable out_dir or fix its permissions") from None
+
+
+def writes_here() -> bool:
+    """True unless this is a process other than 0 of a multi-process JAX run (`bmrl.distributed.is_main`):
+    the one test every writer of run outputs asks. Imports no JAX when none is loaded (no JAX, one process)."""
+    if "jax" not in sys.modules:
+        return True
+    from bmrl.distributed import is_main
+
+    return is_main()
 
 
 def _default(o: Any) -> Any:
@@ -106,8 +121,11 @@ class RunDir:
         return self.finished(marker, accept)
 
     def write_text(self, name: str, text: str) -> str:
-        """Write `name` through a temporary file and a rename (old file or new one, never a cut one)."""
+        """Write `name` through a temporary file and a rename (old file or new one, never a cut one); on
+        process 0 only (`writes_here`). Returns the path."""
         path = self.file(name)
+        if not writes_here():
+            return path
         os.makedirs(os.path.dirname(path), exist_ok=True)
         tmp = f"{path}.tmp"
         with open(tmp, "w") as f:
@@ -124,4 +142,4 @@ class RunDir:
         return self.write_text("config.yaml", to_yaml(cfg))
 
 
-__all__ = ["IGNORED", "OutputNotWritable", "RunDir", "SECTIONS", "probe_writable"]
+__all__ = ["IGNORED", "OutputNotWritable", "RunDir", "SECTIONS", "probe_writable", "writes_here"]

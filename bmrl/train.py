@@ -44,7 +44,7 @@ from bmrl import config as config_lib
 from bmrl import memory as memory_lib
 from bmrl.build import Run, base_dir, build_run, eval_split, init_policy
 from bmrl.checkpoint import CheckpointMismatch, Checkpointer, key_data
-from bmrl.distributed import to_host
+from bmrl.distributed import TRANSFERS, process_info, to_host, warm_collectives
 from bmrl.eval.run import evaluate_config
 from bmrl.learn import optimizer_from_config
 from bmrl.learn import step as step_lib
@@ -172,6 +172,7 @@ class Trainer:
         t = self.t = cfg.train
         self.cfg, self.run, self.out, self.player = cfg, run, cfg.out_dir, run.player
         self.mesh = make_mesh(run.mesh)
+        warm_collectives(self.mesh)  # several processes on CPU: their Gloo groups, made together
         self.evaluate_on = evaluate
         self.progress, self.on_step = progress, on_step
         self.batch = t.tasks_per_step * t.group_size
@@ -179,6 +180,7 @@ class Trainer:
         self.held_out = {s: self.player.tasks(s, max(cfg.eval.num_tasks, 1))
                          for s in {eval_split(cfg, run), "test"}}  # in between: validation; first and last: test
         self.compile_history: list[int] = []
+        self.transfer_s = self.eval_transfer_s = 0.0  # seconds spent gathering rows across processes
 
     def setup(self, policy) -> TrainState:
         """Optimizer, memory plan, placed learner, programs and evaluators; the state resumed from the
@@ -251,7 +253,7 @@ class Trainer:
         """One step: a rollout batch of the data stream at its position, under caps of the budget, then
         the update. Returns the next state and the step's metrics (on the host)."""
         t, cfg = self.t, self.cfg
-        t0 = time.perf_counter()
+        t0, moved0 = time.perf_counter(), TRANSFERS["seconds"]
         key = jax.random.fold_in(state.key, state.step)
         idx = tasks_at(np.arange(self.player.count(self.train_tasks), dtype=np.int32), state.data_position,
                        t.tasks_per_step, cfg.seed)
@@ -262,13 +264,14 @@ class Trainer:
         stats = _rollout_stats(traj) | ({"faults": len(faults)} if faults is not None else {})
         params, opt_state, m = self.update(state.params, state.opt_state, self.ref_params, traj,
                                            jax.random.fold_in(key, 2))
-        m, stats = jax.device_get((m, stats))
-        dt = time.perf_counter() - t0
+        m, stats = to_host((m, stats))
+        dt, moved = time.perf_counter() - t0, TRANSFERS["seconds"] - moved0
+        self.transfer_s += moved
         data_position = state.data_position + t.tasks_per_step
         record = dataclasses.replace(state.record, tokens_seen=state.record.tokens_seen + int(stats["tokens"]))
         self.compile_history.append(sum(self.compile_counts().values()))
         last = {f"train/{k}": v for k, v in m.items()} | {f"rollout/{k}": v for k, v in stats.items()}
-        last |= {"perf/step_s": dt, "perf/tokens_per_s": float(stats["tokens"]) / dt,
+        last |= {"perf/step_s": dt, "perf/transfer_s": moved, "perf/tokens_per_s": float(stats["tokens"]) / dt,
                  "perf/compiles": sum(self.compile_counts().values()), "data_position": data_position}
         last |= {f"compiles/{k}": v for k, v in self.compile_counts().items()}
         record.last = last
@@ -302,8 +305,10 @@ class Trainer:
         """Pass@(1,T) at the state's step: the test split at the first and last step (the gain), validation between."""
         step = state.step
         split = "test" if step in (0, self.t.steps) else eval_split(self.cfg, self.run)
+        moved0 = TRANSFERS["seconds"]
         res = self.evaluators[split](self.policy_params(state.params), jax.random.fold_in(jax.random.fold_in(state.key, EVAL_STREAM), step))
         state.record.eval_log[step] = res
+        self.eval_transfer_s += TRANSFERS["seconds"] - moved0
         prefix = "eval" if split == "test" else "val"
         self.logger.write(step, {f"{prefix}/pass1_T{T}": p for T, (p, _) in res.items()}
                           | {f"{prefix}/pass1_T{T}_se": se for T, (_, se) in res.items()})
@@ -338,7 +343,18 @@ class Trainer:
             "eval_initial": {str(T): {"pass1": p, "se": se} for T, (p, se) in first_eval.items()},
             "eval_history": {str(s): {str(T): p for T, (p, _) in r.items()} for s, r in sorted(log.items())},  # test at 0 and the end, validation between
             "policy": policy_dir,
+            "distributed": self.distributed_record(state),
         } | ({"policy_adapter": written["policy_adapter"]} if "policy_adapter" in written else {})
+
+    def distributed_record(self, state: TrainState) -> dict:
+        """Where the run ran and what crossing processes cost: processes, devices, the mesh, and the
+        seconds of host gathers across processes (`bmrl.distributed.to_host`) per step of this session
+        and per evaluation (0 on one process)."""
+        info, ran = process_info(), max(state.step - self.start, 1)
+        evals = sum(1 for s in state.record.eval_log if s >= self.start) or 1
+        return {"processes": info.process_count, "devices": info.device_count,
+                "local_devices": info.local_device_count, "mesh": dict(self.mesh.shape),
+                "transfer_s_per_step": self.transfer_s / ran, "transfer_s_per_eval": self.eval_transfer_s / evals}
 
 
 def train(cfg, *, progress: bool | None = None, run: Run | None = None,

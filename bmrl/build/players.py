@@ -26,12 +26,15 @@ import numpy as np
 from flax import nnx
 
 from bmrl.build.tasks import split_tasks
+from bmrl.distributed import gather_objects, global_batch_array, local_rows, to_host
+from bmrl.envs.python.protocol import Fault
 from bmrl.eval.evaluate import Runner, engine_runner
 from bmrl.learn.demos import Demos, demo_tokens_needed, make_demos
 from bmrl.learn.host_demos import make_host_demos
 from bmrl.parallel import shard_batch
 from bmrl.rollout import Injection, make_rollout
 from bmrl.rollout.pyenv import host_format
+from bmrl.rollout.types import row_keys
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -103,14 +106,33 @@ class HostPlayer:
         return [tasks[int(i)] for i in np.asarray(idx)]
 
     def playing(self, graphdef: nnx.GraphDef, rollout_cfg: Any, mesh: Any = None) -> Callable:
-        """`play(params, rows, caps, key) -> (Trajectory, faults)`: the host loop (`PythonEnv.play`)."""
+        """`play(params, rows, caps, key) -> (Trajectory, faults)`: the host loop (`PythonEnv.play`).
+
+        On several processes each one steps only the environments of its own rows of the batch (those
+        its devices hold: `bmrl.distributed.local_rows`), with the row keys of the whole batch and a
+        copy of the parameters on its first device; the rows come back as one batch-sharded
+        Trajectory and the faults of all processes, gathered, on every process (process 0 logs them)."""
 
         def play(params, rows: list, caps: Any, key: Any):
-            out = self.env.play(nnx.merge(graphdef, params), self.fmt, rollout_cfg, rows,
-                                np.asarray(jax.device_get(caps)), key)
+            if mesh is not None and jax.process_count() > 1:
+                return self._play_local_rows(graphdef, rollout_cfg, mesh, params, rows, caps, key)
+            out = self.env.play(nnx.merge(graphdef, params), self.fmt, rollout_cfg, rows, to_host(caps), key)
             return out.trajectory, out.faults
 
         return play
+
+    def _play_local_rows(self, graphdef, rollout_cfg, mesh, params, rows: list, caps: Any, key: Any):
+        batch = len(rows)
+        part = local_rows(mesh, batch)
+        keys = row_keys(key, batch)[part]
+        here = jax.local_devices()[0]
+        local_params = jax.device_put(to_host(params), here)  # gathered where fsdp/tensor split it
+        out = self.env.play(nnx.merge(graphdef, local_params), self.fmt, rollout_cfg, rows[part],
+                            to_host(caps)[part], keys)
+        trajectory = global_batch_array(mesh, to_host(out.trajectory), batch)
+        mine = [dataclasses.asdict(dataclasses.replace(f, row=f.row + part.start)) for f in out.faults]
+        faults = [Fault(**f) for process in gather_objects(mine) for f in process]
+        return trajectory, faults
 
     def demo_len(self, num_turns: int, max_len: int) -> int:
         return max_len  # later observations are known only as the env runs

@@ -105,7 +105,7 @@ def validate_inputs(
 
 
 def _cpu_put(*arrays: np.ndarray) -> list[jax.Array]:
-    cpu = jax.devices("cpu")[0]
+    cpu = jax.local_devices(backend="cpu")[0]  # this process's: jax.devices() starts with process 0's
     return [jax.device_put(a, cpu) for a in arrays]
 
 

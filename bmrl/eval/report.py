@@ -23,6 +23,7 @@ from bmrl.eval import audit, markdown, plots
 from bmrl.eval.bootstrap import Interval, SurfaceInterval, mean_interval, surface_interval
 from bmrl.eval.decompose import decision_accuracy_per_task, recovery_per_task
 from bmrl.eval.evaluate import EvalResult
+from bmrl.rundir import writes_here
 
 ESTIMATOR = (
     "Pass@(K,T) is the unbiased estimator 1 - C(n - c(T), K) / C(n, K) per task (n attempts, c(T) of "
@@ -174,7 +175,6 @@ def write_report(
     if baseline is not None and baseline not in results:
         raise ValueError(f"baseline {baseline!r} is not one of the results {names}.")
     out_dir = os.fspath(out_dir)
-    os.makedirs(out_dir, exist_ok=True)
     paths: dict[str, str] = {}
     first = results[names[0]]
     ks, ts = first.ks, first.ts
@@ -198,6 +198,9 @@ def write_report(
     summary: dict[str, Any] = {n: r.summary() for n, r in results.items()}
     summary["comparisons"] = {k: {kk: vv for kk, vv in v.items() if kk != "surface"} for k, v in comparisons.items()}
 
+    if not writes_here():  # another process of a multi-process run: the same summary, process 0 writes
+        return paths, summary
+    os.makedirs(out_dir, exist_ok=True)
     if plot:
         paths.update(_plots(out_dir, results, baseline, diffs))
 

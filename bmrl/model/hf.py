@@ -378,20 +378,26 @@ def save_pretrained(
 
     Weights keep their dtype; a LoRA model is written merged (`bmrl.model.lora.merge_lora`). With `max_shard_bytes`, tensors are split over several files named by
     `model.safetensors.index.json`. Earlier model*.safetensors files in `path` are removed first.
+    On a multi-process run every process calls it (weights split across processes are gathered) and
+    process 0 alone writes (`bmrl.rundir.writes_here`).
     """
+    from bmrl.distributed import to_host
+    from bmrl.rundir import writes_here
+
     model = merge_lora(model)  # LoRA: the merged weights (the adapter alone: `save_adapter`)
     cfg: ModelConfig = model.config
+    state = dict(nnx.to_flat_state(nnx.state(model, nnx.Param)))
+    tensors = {}
+    for name, (nnx_path, _, transposed) in tensor_specs(cfg).items():
+        value = to_host(state[nnx_path][...])
+        tensors[name] = np.ascontiguousarray(value.T if transposed else value)
+    if not writes_here():
+        return
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     for old in [*path.glob("model*.safetensors"), path / INDEX_FILE]:
         old.unlink(missing_ok=True)
     config_to_hf(cfg, tokenizer).save_pretrained(str(path))
-
-    state = dict(nnx.to_flat_state(nnx.state(model, nnx.Param)))
-    tensors = {}
-    for name, (nnx_path, _, transposed) in tensor_specs(cfg).items():
-        value = np.asarray(jax.device_get(state[nnx_path][...]))
-        tensors[name] = np.ascontiguousarray(value.T if transposed else value)
 
     shards: list[dict[str, np.ndarray]] = [{}]
     size = 0

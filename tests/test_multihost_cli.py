@@ -1,0 +1,262 @@
+"""Multi-host end to end: `bmrl launch --processes 2` runs `bmrl train` like one process, resumes and reshards.
+
+One tiny run (1 layer, 4 steps, evaluations at 0, 2 and 4, checkpoints at 2 and 4), three ways, all on
+the same mesh data 2 x fsdp 2 (4 CPU devices):
+- the reference: 1 process with 4 devices (started first, runs beside the others);
+- `bmrl launch --processes 2 --cpu-devices 2 -- train ...`: 2 processes with 2 devices each, the
+  data axis across them; per-step losses, evaluation numbers and the summary must equal the
+  reference's within float tolerance, with one set of outputs written by process 0;
+- a restart of that run from its step-2 checkpoint with 1 process instead of 2 (orbax reshards it
+  onto the new process layout): it must end where the reference ends.
+The launcher's own contract (stop the others when one dies, its exit status) is checked on plain
+Python children, without JAX.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TIMEOUT_S = 420  # a hang guard; about a minute each on an idle 2-core machine
+STEPS = 4
+
+CONFIG = """\
+seed: 0
+model: {hidden_size: 32, intermediate_size: 64, num_hidden_layers: 1, num_attention_heads: 2, num_key_value_heads: 1}
+env: {name: corridor, options: {length: 3, eps: 0.1}, show_budget: false}
+budget: {kind: fixed, budgets: [6]}
+rollout: {max_turns: 6, max_reply_tokens: 6, max_len: 256, temperature: 1.0}
+train:
+  steps: 4
+  tasks_per_step: 2
+  group_size: 4
+  advantage: grpo
+  loss: ppo
+  entropy_coef: 0.01         # rewards are all 0 for a fresh model: the entropy term makes the losses move
+  optim: {lr: 3.0e-3, warmup_steps: 0, schedule: constant}
+eval: {ts: [3, 6], ks: [1], attempts: 1, num_tasks: 8, every: 2, bootstrap: 0}
+data: {train_size: 64, test_size: 16}
+checkpoint: {every: 2, keep: 2}
+mesh: {data: 2, fsdp: 2}
+"""
+
+
+def _env(devices: int | None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("BMRL_COORDINATOR", "BMRL_NUM_PROCESSES",
+                                                                     "BMRL_PROCESS_ID", "BMRL_DISTRIBUTED"))}
+    env.update(PYTHONPATH=ROOT + os.pathsep + env.get("PYTHONPATH", ""), CI="1")
+    if devices:
+        env.update(JAX_PLATFORMS="cpu", XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+    return env
+
+
+def _start(args: list[str], log_path, devices: int | None) -> subprocess.Popen:
+    log = open(log_path, "w")
+    proc = subprocess.Popen([sys.executable, "-m", "bmrl", *args], env=_env(devices), cwd=ROOT, stdout=log,
+                            stderr=subprocess.STDOUT)
+    log.close()
+    return proc
+
+
+def _finish(proc: subprocess.Popen, log_path, what: str) -> None:
+    try:
+        code = proc.wait(timeout=TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        pytest.fail(f"{what} did not finish within {TIMEOUT_S} s:\n{open(log_path).read()[-4000:]}")
+    assert code == 0, f"{what} exited {code}:\n{open(log_path).read()[-4000:]}"
+
+
+def _read(out) -> dict:
+    records = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
+    return {"summary": json.load(open(os.path.join(out, "summary.json"))), "records": records,
+            "losses": [r["train/loss"] for r in records if "train/loss" in r],
+            "evals": {(r["step"], k): v for r in records for k, v in r.items() if k.startswith(("eval/", "val/"))}}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """The reference (1 process x 4 devices) and the launched run (2 processes x 2 devices), side by side."""
+    tmp = tmp_path_factory.mktemp("multihost")
+    config = tmp / "tiny.yaml"
+    config.write_text(CONFIG)
+    ref_out, multi_out, logs = tmp / "ref", tmp / "multi", tmp / "logs"
+    t0 = time.time()
+    ref = _start(["train", "--config", str(config), f"out_dir={ref_out}", "--no-progress"], tmp / "ref.log", 4)
+    multi = _start(["launch", "--processes", "2", "--cpu-devices", "2", "--logs", str(logs), "--", "train",
+                    "--config", str(config), f"out_dir={multi_out}", "--no-progress"], tmp / "multi.log", None)
+    _finish(ref, tmp / "ref.log", "the 1-process reference run")
+    _finish(multi, tmp / "multi.log", "bmrl launch --processes 2 train")
+    return {"tmp": tmp, "config": config, "ref": ref_out, "multi": multi_out, "logs": logs,
+            "seconds": time.time() - t0}
+
+
+def _assert_same_run(got: dict, ref: dict) -> None:
+    np.testing.assert_allclose(got["losses"], ref["losses"], rtol=1e-4, atol=1e-6)
+    assert got["evals"].keys() == ref["evals"].keys()
+    np.testing.assert_allclose([got["evals"][k] for k in ref["evals"]], list(ref["evals"].values()), atol=1e-6)
+    g, r = got["summary"], ref["summary"]
+    for key in ("steps", "tokens_seen", "eval", "eval_initial", "eval_history", "skipped_updates"):
+        assert g[key] == r[key], key
+    for key, value in r["final"].items():
+        if key.startswith(("train/", "rollout/")) and value is not None:
+            np.testing.assert_allclose(g["final"][key], value, rtol=1e-4, atol=1e-6, err_msg=key)
+
+
+def test_two_processes_train_like_one(runs):
+    ref, multi = _read(runs["ref"]), _read(runs["multi"])
+    assert len(ref["losses"]) == STEPS and len(set(np.round(ref["losses"], 6))) > 1  # the steps changed something
+    assert sorted({s for s, _ in ref["evals"]}) == [0, 2, 4]  # test at 0 and 4, validation at 2
+    _assert_same_run(multi, ref)
+    # One set of outputs, by process 0: every record once; process 1 only logged (to the launcher's dir).
+    assert [r["step"] for r in multi["records"]] == [r["step"] for r in ref["records"]]
+    assert os.listdir(runs["logs"]) == ["process1.log"]
+    assert os.path.isfile(os.path.join(runs["multi"], "policy", "model.safetensors"))
+    assert sorted(os.listdir(os.path.join(runs["multi"], "checkpoints"))) == ["2", "4"]
+    # Where it ran and what crossing processes cost, in the summary.
+    d, dr = multi["summary"]["distributed"], ref["summary"]["distributed"]
+    assert (d["processes"], d["devices"], d["local_devices"]) == (2, 4, 2)
+    assert (dr["processes"], dr["devices"], dr["local_devices"]) == (1, 4, 4)
+    assert d["mesh"] == dr["mesh"] == {"data": 2, "fsdp": 2, "tensor": 1}
+    assert d["transfer_s_per_eval"] > 0 and dr["transfer_s_per_eval"] == dr["transfer_s_per_step"] == 0
+    # The exported policies are the same weights.
+    from safetensors.numpy import load_file
+
+    a = load_file(os.path.join(runs["multi"], "policy", "model.safetensors"))
+    b = load_file(os.path.join(runs["ref"], "policy", "model.safetensors"))
+    assert a.keys() == b.keys()
+    for name in a:
+        np.testing.assert_allclose(a[name], b[name], rtol=1e-4, atol=1e-5, err_msg=name)
+
+
+def test_restart_with_one_process_resumes_the_two_process_checkpoint(runs):
+    """The 2-process run's step-2 checkpoint, restarted as 1 process x 4 devices: orbax reshards it onto
+    the new process layout and the run ends equal to the uninterrupted reference."""
+    out = runs["tmp"] / "restart"
+    shutil.copytree(runs["multi"], out)
+    shutil.rmtree(out / "checkpoints" / "4")
+    (out / "summary.json").unlink()
+    log = runs["tmp"] / "restart.log"
+    proc = _start(["train", "--config", str(runs["config"]), f"out_dir={out}", "--no-progress"], log, 4)
+    _finish(proc, log, "the 1-process restart")
+    assert "resumed from" in open(log).read() and "at step 2" in open(log).read()
+    got, ref = _read(out), _read(runs["ref"])
+    _assert_same_run(got, ref)
+    assert got["summary"]["resumed_from"] == 2 and got["summary"]["distributed"]["processes"] == 1
+
+
+def test_a_killed_process_stops_the_other_within_the_heartbeat_bound(runs):
+    """Two processes started by hand (as on two hosts: no launcher to stop them), process 1 SIGKILLed
+    after the first evaluation: process 0 fails in its next collective, waits for the coordination
+    service to declare process 1 dead (BMRL_HEARTBEAT_TIMEOUT_S, 10 s here) and exits with status 4
+    (EXIT_PEER_FAILED) naming it, instead of hanging; no half-written checkpoint is left as a step."""
+    from bmrl.distributed import EXIT_PEER_FAILED
+    from bmrl.launch import free_port, process_env
+
+    out, heartbeat = runs["tmp"] / "killed", 10
+    port, procs, logs = free_port(), [], [runs["tmp"] / f"killed{i}.log" for i in range(2)]
+    for pid in range(2):
+        env = process_env({**_env(None), "BMRL_HEARTBEAT_TIMEOUT_S": str(heartbeat)}, pid, 2, port, cpu_devices=2)
+        with open(logs[pid], "w") as log:
+            procs.append(subprocess.Popen([sys.executable, "-m", "bmrl", "train", "--config", str(runs["config"]),
+                                           f"out_dir={out}", "train.steps=40", "--no-progress"], env=env, cwd=ROOT,
+                                          stdout=log, stderr=subprocess.STDOUT))
+    try:
+        deadline = time.time() + TIMEOUT_S
+        while "eval step 0" not in logs[0].read_text():
+            assert time.time() < deadline and procs[0].poll() is None, logs[0].read_text()[-3000:]
+            time.sleep(0.5)
+        procs[1].kill()
+        t0 = time.time()
+        code = procs[0].wait(timeout=heartbeat + 90)
+        waited = time.time() - t0
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    text = logs[0].read_text()
+    assert code == EXIT_PEER_FAILED, text[-3000:]
+    assert waited < heartbeat + 60  # the stated bound: the heartbeat timeout plus the failing collective's wait
+    assert "process 0 of 2 stops" in text and "process 1 stopped (no heartbeat)" in text
+    steps = [s for s in (os.listdir(out / "checkpoints") if (out / "checkpoints").is_dir() else []) if s.isdigit()]
+    assert all(os.path.isfile(out / "checkpoints" / s / "_CHECKPOINT_METADATA") for s in steps), steps  # whole ones
+
+
+def test_python_env_two_processes_step_their_own_rows(tmp_path):
+    """A Python env (tests/test_pyenv_config.py's guessing game, two tasks in three raise in step):
+    with 2 processes each steps only its half of the batch's environments; the trajectories, losses,
+    fault counts and evaluations equal 1 process's, and faults.jsonl holds every fault once."""
+    from tests.test_pyenv_config import _write
+
+    config = _write(tmp_path, "guess_mh")
+    overrides = ["mesh.data=2", "mesh.fsdp=2", "train.group_size=4", "train.entropy_coef=0.01", "eval.num_tasks=4",
+                 "eval.probe_states=0", "--no-progress"]
+    ref_out, multi_out = tmp_path / "ref", tmp_path / "multi"
+    ref = _start(["train", "--config", config, f"out_dir={ref_out}", *overrides], tmp_path / "ref.log", 4)
+    multi = _start(["launch", "--processes", "2", "--cpu-devices", "2", "--logs", str(tmp_path / "logs"), "--",
+                    "train", "--config", config, f"out_dir={multi_out}", *overrides], tmp_path / "multi.log", None)
+    _finish(ref, tmp_path / "ref.log", "the 1-process Python-env run")
+    _finish(multi, tmp_path / "multi.log", "the 2-process Python-env run")
+    got, want = _read(multi_out), _read(ref_out)
+    _assert_same_run(got, want)
+    faults = [r["rollout/faults"] for r in want["records"] if "rollout/faults" in r]
+    assert faults == [r["rollout/faults"] for r in got["records"] if "rollout/faults" in r] and sum(faults) > 0
+    logged = [json.loads(line) for line in open(multi_out / "faults.jsonl")]
+    assert sorted((r["step"], r["row"], r["turn"]) for r in logged) == sorted(
+        (r["step"], r["row"], r["turn"]) for r in map(json.loads, open(ref_out / "faults.jsonl")))
+    assert {r["row"] for r in logged} & set(range(4)) and {r["row"] for r in logged} & set(range(4, 8))  # both halves
+    assert got["summary"]["distributed"]["transfer_s_per_step"] > 0  # the rows and faults crossed processes
+
+
+# ------------------------------------------------------------------ the launcher, without JAX
+def _children(tmp_path, script_by_pid: dict[int, str]) -> list[str]:
+    """A command whose process i runs `script_by_pid[i]` (Python source), chosen by BMRL_PROCESS_ID."""
+    path = tmp_path / "child.py"
+    cases = "\n".join(f"if pid == {i}:\n" + "\n".join("    " + line for line in src.splitlines())
+                      for i, src in script_by_pid.items())
+    path.write_text(f"import os, signal, sys, time\npid = int(os.environ['BMRL_PROCESS_ID'])\n{cases}\n")
+    return [sys.executable, str(path)]
+
+
+def test_launcher_sets_the_variables_and_stops_all_when_one_dies(tmp_path):
+    from bmrl.launch import GRACE_S, launch
+
+    # Every process sees its id, the count and one coordinator; all exit 0: status 0.
+    report = "print(os.environ['BMRL_PROCESS_ID'], os.environ['BMRL_NUM_PROCESSES'], os.environ['BMRL_COORDINATOR'])"
+    logs = tmp_path / "ok"
+    assert launch(_children(tmp_path, {1: report, 2: report}) , 3, log_dir=str(logs), log=lambda m: None) == 0
+    lines = [open(logs / f"process{i}.log").read().split() for i in (1, 2)]
+    assert [x[:2] for x in lines] == [["1", "3"], ["2", "3"]] and lines[0][2] == lines[1][2]
+    assert lines[0][2].startswith("127.0.0.1:")
+    # Process 1 is killed (SIGKILL) while process 0 would run on (and ignores SIGTERM): the launcher
+    # stops process 0 within its grace period and returns 128 + 9, naming process 1.
+    messages = []
+    hang = "signal.signal(signal.SIGTERM, signal.SIG_IGN)\ntime.sleep(300)"
+    t0 = time.time()
+    code = launch(_children(tmp_path, {0: hang, 1: "time.sleep(0.5)\nos.kill(os.getpid(), signal.SIGKILL)"}), 2,
+                  log_dir=str(tmp_path / "killed"), grace_s=2.0, log=messages.append)
+    assert code == 128 + 9
+    assert time.time() - t0 < 0.5 + 2.0 + 5.0 < GRACE_S + 10
+    assert any("process 1 exited with status 137" in m for m in messages)
+    # A failing process's own status comes back.
+    assert launch(_children(tmp_path, {1: "sys.exit(3)"}), 2, log_dir=str(tmp_path / "three"), log=lambda m: None) == 3
+
+
+def test_launch_command_refuses_bad_arguments(capsys):
+    from bmrl.cli import main
+
+    assert main(["launch", "--processes", "0", "--", "train"]) == 2
+    assert "--processes must be >= 1" in capsys.readouterr().err
+    assert main(["launch", "--processes", "2"]) == 2
+    assert "no command to launch" in capsys.readouterr().err
+    assert main(["launch", "--processes", "2", "--", "launch", "--processes", "2"]) == 2
