@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import pkgutil
 import sys
 
@@ -62,7 +63,12 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:  # raised past a command's own checks: still bad input, exit 2, no traceback
         from bmrl.commands._common import config_exit
 
-        raise config_exit(args.command, err) from None
+        exit_ = config_exit(args.command, err)
+        _exit_now_if_multiprocess(args.command, exit_.code)
+        raise exit_ from None
+    except SystemExit as exit_:  # a command's own exit (bad input: status 2, already printed)
+        _exit_now_if_multiprocess(args.command, exit_.code)
+        raise
     except Exception as err:
         if args.command in DISTRIBUTED_COMMANDS and "jax" in sys.modules:
             from bmrl.distributed import is_multiprocess, stop_after_failure
@@ -70,6 +76,18 @@ def main(argv: list[str] | None = None) -> int:
             if is_multiprocess():  # never wait in the shutdown barrier for peers that may be gone
                 stop_after_failure(args.command, err)
         raise
+
+
+def _exit_now_if_multiprocess(command: str, code: int | str | None) -> None:
+    """On a multi-process run, end this process with `code` at once: jax.distributed's shutdown barrier
+    would wait minutes for peers still in a collective (they stop on the missing heartbeat instead)."""
+    if code not in (0, None) and command in DISTRIBUTED_COMMANDS and "jax" in sys.modules:
+        from bmrl.distributed import is_multiprocess
+
+        if is_multiprocess():
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code if isinstance(code, int) else 1)
 
 
 if __name__ == "__main__":

@@ -366,7 +366,7 @@ def barrier(name: str, timeout_s: float = BARRIER_TIMEOUT_S) -> None:
     """Wait until every process reaches the barrier `name` (a no-op for one process). A barrier of
     the coordination service, not a device collective: no XLA program, and its own timeout (a
     process that never comes raises instead of hanging). Names may repeat (each use is numbered)."""
-    if jax.process_count() == 1:
+    if not jax.distributed.is_initialized() or jax.process_count() == 1:
         return
     from jax._src import distributed as jax_distributed
 

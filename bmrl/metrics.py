@@ -8,7 +8,7 @@
 On resume, the records written after the checkpoint resumed from are dropped from the JSONL, so the
 file reads as one uninterrupted run: exactly the first `keep_records` (the count the checkpoint
 stored, `logger.count` at save time), or else those at steps <= `start_step`.
-On a multi-process run only process 0 writes (`bmrl.rundir.writes_here`); the others count the same records.
+On a multi-process run only process 0 writes (`bmrl.distributed.is_main`); the others count the same records.
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ class MetricsLogger:
 
     def __init__(self, out_dir: str | os.PathLike, start_step: int = 0, tensorboard: bool = True,
                  keep_records: int | None = None, name: str = "metrics.jsonl"):
-        from bmrl.rundir import writes_here
+        from bmrl.distributed import is_main
 
         self.path = os.path.join(out_dir, name)  # SFT logs to sft_metrics.jsonl with the same logger
         if keep_records is not None:
@@ -78,7 +78,7 @@ class MetricsLogger:
             kept = [r for r in read_jsonl(self.path) if r.get("step", 0) <= start_step] if start_step else []
         self.count = len(kept)  # records in the file (a checkpoint stores it: see keep_records)
         self._file = self._tb = None
-        if not writes_here():  # another process of a multi-process run: process 0 writes
+        if not is_main():  # another process of a multi-process run: process 0 writes
             return
         os.makedirs(out_dir, exist_ok=True)
         write_jsonl_atomic(self.path, kept)

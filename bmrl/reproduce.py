@@ -34,7 +34,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
-from bmrl.config import Config, build, check_reproduce, save, to_dict
+from bmrl.config import Config, build, check_reproduce, to_dict
 from bmrl.rundir import RunDir
 from bmrl.study.findings import BASE, GROUPS, pool, study_findings, unit_metrics
 from bmrl.study.report import finding_sentences, per_seed_table, report_md, summary_table
@@ -128,8 +128,7 @@ def reproduce(cfg: Config, *, log: Callable[[str], Any] = print, stages=None) ->
         for kind, c in [("sft", sft_cfg)] + [("rl", c) for c in rl_cfgs.values()]:
             if os.path.isfile(os.path.join(c.out_dir, "summary.json")):
                 check_stage_config(c.out_dir, c, kind)
-    os.makedirs(out, exist_ok=True)
-    save(cfg, os.path.join(out, "config.yaml"))
+    RunDir(out).write_config(cfg)  # process 0 alone writes (bmrl.rundir); every process reads the same files
     names = [BASE] + list(rep.variants)
     stages = stages or StageProgress(0)
     stages.plan((["sft"] + ["rl"] * len(rep.variants) + ["eval"]) * len(rep.seeds))

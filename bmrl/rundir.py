@@ -74,6 +74,16 @@ def writes_here() -> bool:
     return is_main()
 
 
+def _all_see(name: str) -> None:
+    """Every process of a multi-process run waits here until all reach it (after process 0 wrote `name`),
+    so any process may read what was written next (a reproduce stage reads the last one's policy/ and
+    summary.json). A no-op for one process and without JAX."""
+    if "jax" in sys.modules:
+        from bmrl.distributed import barrier
+
+        barrier(f"bmrl-rundir-{name}")
+
+
 def _default(o: Any) -> Any:
     """JSON for numpy scalars and arrays (their Python values), anything else as its text."""
     return o.tolist() if hasattr(o, "tolist") else str(o)
@@ -122,15 +132,15 @@ class RunDir:
 
     def write_text(self, name: str, text: str) -> str:
         """Write `name` through a temporary file and a rename (old file or new one, never a cut one); on
-        process 0 only (`writes_here`). Returns the path."""
+        process 0 only (`writes_here`), and every process returns once it is there. Returns the path."""
         path = self.file(name)
-        if not writes_here():
-            return path
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        tmp = f"{path}.tmp"
-        with open(tmp, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
+        if writes_here():
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            tmp = f"{path}.tmp"
+            with open(tmp, "w") as f:
+                f.write(text)
+            os.replace(tmp, path)
+        _all_see(name)
         return path
 
     def write_json(self, name: str, obj: Any, **dump: Any) -> str:

@@ -1,15 +1,16 @@
-"""Multi-host end to end: `bmrl launch --processes 2` runs `bmrl train` like one process, resumes and reshards.
+"""Multi-host end to end: `bmrl launch --processes 2` runs the study like one process, resumes and reshards.
 
-One tiny run (1 layer, 4 steps, evaluations at 0, 2 and 4, checkpoints at 2 and 4), three ways, all on
-the same mesh data 2 x fsdp 2 (4 CPU devices):
-- the reference: 1 process with 4 devices (started first, runs beside the others);
-- `bmrl launch --processes 2 --cpu-devices 2 -- train ...`: 2 processes with 2 devices each, the
-  data axis across them; per-step losses, evaluation numbers and the summary must equal the
-  reference's within float tolerance, with one set of outputs written by process 0;
-- a restart of that run from its step-2 checkpoint with 1 process instead of 2 (orbax reshards it
-  onto the new process layout): it must end where the reference ends.
-The launcher's own contract (stop the others when one dies, its exit status) is checked on plain
-Python children, without JAX.
+The tiny study of tests/test_reproduce_report.py (SFT, three RL variants with checkpoints at every step,
+evaluation, report) runs twice, side by side, on mesh data 2 x fsdp 2 (4 CPU devices):
+- the reference: 1 process with 4 devices;
+- `bmrl launch --processes 2 --cpu-devices 2 -- reproduce ...`: 2 processes with 2 devices each, the
+  data axis across them. SFT and RL losses, evaluation results, the findings and each stage's summary
+  must equal the reference's within float tolerance, with one set of outputs written by process 0.
+One RL stage of the 2-process study is then restarted from its step-1 checkpoint with 1 process instead
+of 2 (orbax reshards it onto the new process layout): it must end where the reference stage ends. A
+2-process `bmrl train` with one process killed, and a Python env's rows split across processes, have
+tests of their own. The launcher's own contract (stop the others when one dies, its exit status) is
+checked on plain Python children, without JAX.
 """
 
 from __future__ import annotations
@@ -24,24 +25,20 @@ import time
 import numpy as np
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TIMEOUT_S = 420  # a hang guard; about a minute each on an idle 2-core machine
-STEPS = 4
+from tests.test_reproduce_report import TINY
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TIMEOUT_S = 600  # a hang guard; the study takes about 2.5 minutes on an idle 2-core machine
+VARIANTS = ("fixed_long", "fixed_short", "budgetmix")
+
+# A `bmrl train` run for the kill test (it never finishes: one process is killed after its first evaluation).
 CONFIG = """\
 seed: 0
 model: {hidden_size: 32, intermediate_size: 64, num_hidden_layers: 1, num_attention_heads: 2, num_key_value_heads: 1}
 env: {name: corridor, options: {length: 3, eps: 0.1}, show_budget: false}
 budget: {kind: fixed, budgets: [6]}
 rollout: {max_turns: 6, max_reply_tokens: 6, max_len: 256, temperature: 1.0}
-train:
-  steps: 4
-  tasks_per_step: 2
-  group_size: 4
-  advantage: grpo
-  loss: ppo
-  entropy_coef: 0.01         # rewards are all 0 for a fresh model: the entropy term makes the losses move
-  optim: {lr: 3.0e-3, warmup_steps: 0, schedule: constant}
+train: {steps: 40, tasks_per_step: 2, group_size: 4, entropy_coef: 0.01, optim: {lr: 3.0e-3, warmup_steps: 0}}
 eval: {ts: [3, 6], ks: [1], attempts: 1, num_tasks: 8, every: 2, bootstrap: 0}
 data: {train_size: 64, test_size: 16}
 checkpoint: {every: 2, keep: 2}
@@ -84,77 +81,97 @@ def _read(out) -> dict:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    """The reference (1 process x 4 devices) and the launched run (2 processes x 2 devices), side by side."""
+def study(tmp_path_factory):
+    """The tiny study on 1 process x 4 devices (the reference) and on 2 processes x 2 devices, side by side."""
     tmp = tmp_path_factory.mktemp("multihost")
-    config = tmp / "tiny.yaml"
-    config.write_text(CONFIG)
+    args = ["--config", "configs/quickstart.yaml", *TINY, "mesh.data=2", "mesh.fsdp=2", "train.entropy_coef=0.01",
+            "checkpoint.every=1", "checkpoint.keep=2"]
     ref_out, multi_out, logs = tmp / "ref", tmp / "multi", tmp / "logs"
-    t0 = time.time()
-    ref = _start(["train", "--config", str(config), f"out_dir={ref_out}", "--no-progress"], tmp / "ref.log", 4)
-    multi = _start(["launch", "--processes", "2", "--cpu-devices", "2", "--logs", str(logs), "--", "train",
-                    "--config", str(config), f"out_dir={multi_out}", "--no-progress"], tmp / "multi.log", None)
-    _finish(ref, tmp / "ref.log", "the 1-process reference run")
-    _finish(multi, tmp / "multi.log", "bmrl launch --processes 2 train")
-    return {"tmp": tmp, "config": config, "ref": ref_out, "multi": multi_out, "logs": logs,
-            "seconds": time.time() - t0}
+    ref = _start(["reproduce", *args, f"out_dir={ref_out}"], tmp / "ref.log", 4)
+    multi = _start(["launch", "--processes", "2", "--cpu-devices", "2", "--logs", str(logs), "--",
+                    "reproduce", *args, f"out_dir={multi_out}"], tmp / "multi.log", None)
+    _finish(ref, tmp / "ref.log", "the 1-process study")
+    _finish(multi, tmp / "multi.log", "bmrl launch --processes 2 reproduce")
+    return {"tmp": tmp, "ref": ref_out, "multi": multi_out, "logs": logs}
 
 
-def _assert_same_run(got: dict, ref: dict) -> None:
+def _assert_same_run(got: dict, ref: dict, evals: bool = True) -> None:
+    """Same per-step losses, final train/rollout metrics and counts; with `evals`, the same evaluations."""
     np.testing.assert_allclose(got["losses"], ref["losses"], rtol=1e-4, atol=1e-6)
-    assert got["evals"].keys() == ref["evals"].keys()
-    np.testing.assert_allclose([got["evals"][k] for k in ref["evals"]], list(ref["evals"].values()), atol=1e-6)
     g, r = got["summary"], ref["summary"]
-    for key in ("steps", "tokens_seen", "eval", "eval_initial", "eval_history", "skipped_updates"):
+    if evals:
+        assert got["evals"].keys() == ref["evals"].keys()
+        np.testing.assert_allclose([got["evals"][k] for k in ref["evals"]], list(ref["evals"].values()), atol=1e-6)
+        for key in ("eval", "eval_initial", "eval_history"):
+            assert g[key] == r[key], key
+    for key in ("steps", "tokens_seen", "skipped_updates"):
         assert g[key] == r[key], key
     for key, value in r["final"].items():
         if key.startswith(("train/", "rollout/")) and value is not None:
             np.testing.assert_allclose(g["final"][key], value, rtol=1e-4, atol=1e-6, err_msg=key)
 
 
-def test_two_processes_train_like_one(runs):
-    ref, multi = _read(runs["ref"]), _read(runs["multi"])
-    assert len(ref["losses"]) == STEPS and len(set(np.round(ref["losses"], 6))) > 1  # the steps changed something
-    assert sorted({s for s, _ in ref["evals"]}) == [0, 2, 4]  # test at 0 and 4, validation at 2
-    _assert_same_run(multi, ref)
-    # One set of outputs, by process 0: every record once; process 1 only logged (to the launcher's dir).
-    assert [r["step"] for r in multi["records"]] == [r["step"] for r in ref["records"]]
-    assert os.listdir(runs["logs"]) == ["process1.log"]
-    assert os.path.isfile(os.path.join(runs["multi"], "policy", "model.safetensors"))
-    assert sorted(os.listdir(os.path.join(runs["multi"], "checkpoints"))) == ["2", "4"]
-    # Where it ran and what crossing processes cost, in the summary.
-    d, dr = multi["summary"]["distributed"], ref["summary"]["distributed"]
-    assert (d["processes"], d["devices"], d["local_devices"]) == (2, 4, 2)
-    assert (dr["processes"], dr["devices"], dr["local_devices"]) == (1, 4, 4)
-    assert d["mesh"] == dr["mesh"] == {"data": 2, "fsdp": 2, "tensor": 1}
-    assert d["transfer_s_per_eval"] > 0 and dr["transfer_s_per_eval"] == dr["transfer_s_per_step"] == 0
-    # The exported policies are the same weights.
-    from safetensors.numpy import load_file
+def test_two_processes_run_the_study_like_one(study):
+    """SFT losses, every RL stage's run (losses, summary, where it ran), the saved evaluation results turn by
+    turn and the study's findings agree; process 0 alone writes the study's outputs (process 1 only logs)."""
+    ref_out, multi_out = study["ref"], study["multi"]
+    sft = [r["loss"] for r in map(json.loads, open(ref_out / "seed0" / "sft" / "sft_metrics.jsonl"))]
+    assert len(sft) == 3 and len(set(sft)) == 3
+    np.testing.assert_allclose([r["loss"] for r in map(json.loads, open(multi_out / "seed0" / "sft" / "sft_metrics.jsonl"))],
+                               sft, rtol=1e-4, atol=1e-6)
+    for variant in VARIANTS:
+        got, want = _read(multi_out / "seed0" / variant), _read(ref_out / "seed0" / variant)
+        assert len(want["losses"]) == 2 and all(want["losses"]), variant  # the entropy term moves every loss
+        _assert_same_run(got, want)
+        assert sorted(os.listdir(multi_out / "seed0" / variant / "checkpoints")) == ["1", "2"]
+        d, dr = got["summary"]["distributed"], want["summary"]["distributed"]
+        assert (d["processes"], d["devices"], d["local_devices"]) == (2, 4, 2)
+        assert (dr["processes"], dr["devices"], dr["local_devices"]) == (1, 4, 4)
+        assert d["mesh"] == dr["mesh"] == {"data": 2, "fsdp": 2, "tensor": 1}
+        assert dr["transfer_s_per_step"] == 0
+        # The exported policies are the same weights.
+        from safetensors.numpy import load_file
 
-    a = load_file(os.path.join(runs["multi"], "policy", "model.safetensors"))
-    b = load_file(os.path.join(runs["ref"], "policy", "model.safetensors"))
-    assert a.keys() == b.keys()
-    for name in a:
-        np.testing.assert_allclose(a[name], b[name], rtol=1e-4, atol=1e-5, err_msg=name)
+        a, b = (load_file(o / "seed0" / variant / "policy" / "model.safetensors") for o in (multi_out, ref_out))
+        assert a.keys() == b.keys()
+        for name in a:
+            np.testing.assert_allclose(a[name], b[name], rtol=1e-4, atol=1e-5, err_msg=f"{variant} {name}")
+    got, want = (json.load(open(o / "seed0" / "eval" / "results.json")) for o in (multi_out, ref_out))
+    assert got["policies"].keys() == want["policies"].keys() == {"base", *VARIANTS}
+    for name, w in want["policies"].items():
+        np.testing.assert_allclose(got["policies"][name]["per_task"], w["per_task"], atol=1e-6, err_msg=name)
+        assert got["policies"][name]["episodes"] == w["episodes"], name  # the same episodes, turn by turn
+        assert got["policies"][name]["probe_correct"] == w["probe_correct"], name
+    g, w = (json.load(open(o / "summary.json")) for o in (multi_out, ref_out))
+    assert g["sentences"] == w["sentences"] and g["table"] == w["table"]
+    assert os.listdir(study["logs"]) == ["process1.log"]
+    assert sorted(os.listdir(multi_out / "figures")) == sorted(os.listdir(ref_out / "figures"))
 
 
-def test_restart_with_one_process_resumes_the_two_process_checkpoint(runs):
-    """The 2-process run's step-2 checkpoint, restarted as 1 process x 4 devices: orbax reshards it onto
-    the new process layout and the run ends equal to the uninterrupted reference."""
-    out = runs["tmp"] / "restart"
-    shutil.copytree(runs["multi"], out)
-    shutil.rmtree(out / "checkpoints" / "4")
+@pytest.mark.parametrize("processes", [1, 2])
+def test_restart_resumes_the_two_process_checkpoint(study, processes):
+    """An RL stage of the 2-process study restarted from its step-1 checkpoint, as 2 processes again or
+    as 1 process x 4 devices (orbax reshards it onto the new process layout): the stage ends equal to the
+    uninterrupted reference's."""
+    out = study["tmp"] / f"restart{processes}"
+    shutil.copytree(study["multi"] / "seed0" / "budgetmix", out)
+    shutil.rmtree(out / "checkpoints" / "2")
     (out / "summary.json").unlink()
-    log = runs["tmp"] / "restart.log"
-    proc = _start(["train", "--config", str(runs["config"]), f"out_dir={out}", "--no-progress"], log, 4)
-    _finish(proc, log, "the 1-process restart")
-    assert "resumed from" in open(log).read() and "at step 2" in open(log).read()
-    got, ref = _read(out), _read(runs["ref"])
-    _assert_same_run(got, ref)
-    assert got["summary"]["resumed_from"] == 2 and got["summary"]["distributed"]["processes"] == 1
+    log = study["tmp"] / f"restart{processes}.log"
+    args = ["train", "--config", str(out / "config.yaml"), f"out_dir={out}", "--no-progress"]
+    if processes == 1:
+        proc = _start(args, log, 4)
+    else:
+        proc = _start(["launch", "--processes", "2", "--cpu-devices", "2", "--logs", str(out / "logs"), "--", *args],
+                      log, None)
+    _finish(proc, log, f"the {processes}-process restart")
+    assert "resumed from" in open(log).read() and "at step 1" in open(log).read()
+    got, ref = _read(out), _read(study["ref"] / "seed0" / "budgetmix")
+    _assert_same_run(got, ref, evals=False)  # the stage ran without evaluations; `bmrl train` adds a final one
+    assert got["summary"]["resumed_from"] == 1 and got["summary"]["distributed"]["processes"] == processes
 
 
-def test_a_killed_process_stops_the_other_within_the_heartbeat_bound(runs):
+def test_a_killed_process_stops_the_other_within_the_heartbeat_bound(tmp_path):
     """Two processes started by hand (as on two hosts: no launcher to stop them), process 1 SIGKILLed
     after the first evaluation: process 0 fails in its next collective, waits for the coordination
     service to declare process 1 dead (BMRL_HEARTBEAT_TIMEOUT_S, 10 s here) and exits with status 4
@@ -162,13 +179,15 @@ def test_a_killed_process_stops_the_other_within_the_heartbeat_bound(runs):
     from bmrl.distributed import EXIT_PEER_FAILED
     from bmrl.launch import free_port, process_env
 
-    out, heartbeat = runs["tmp"] / "killed", 10
-    port, procs, logs = free_port(), [], [runs["tmp"] / f"killed{i}.log" for i in range(2)]
+    config = tmp_path / "tiny.yaml"
+    config.write_text(CONFIG)
+    out, heartbeat = tmp_path / "killed", 10
+    port, procs, logs = free_port(), [], [tmp_path / f"killed{i}.log" for i in range(2)]
     for pid in range(2):
         env = process_env({**_env(None), "BMRL_HEARTBEAT_TIMEOUT_S": str(heartbeat)}, pid, 2, port, cpu_devices=2)
         with open(logs[pid], "w") as log:
-            procs.append(subprocess.Popen([sys.executable, "-m", "bmrl", "train", "--config", str(runs["config"]),
-                                           f"out_dir={out}", "train.steps=40", "--no-progress"], env=env, cwd=ROOT,
+            procs.append(subprocess.Popen([sys.executable, "-m", "bmrl", "train", "--config", str(config),
+                                           f"out_dir={out}", "--no-progress"], env=env, cwd=ROOT,
                                           stdout=log, stderr=subprocess.STDOUT))
     try:
         deadline = time.time() + TIMEOUT_S

@@ -24,7 +24,12 @@ def _figure(width: float, height: float):
 
 
 def _save(fig, path: str | os.PathLike) -> str:
+    """Write `fig` to `path` (process 0 alone on a multi-process run: `bmrl.distributed.is_main`)."""
+    from bmrl.distributed import is_main
+
     path = os.fspath(path)
+    if not is_main():
+        return path
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     fig.savefig(path)
     return path

@@ -19,11 +19,11 @@ from typing import Any
 
 import numpy as np
 
+from bmrl.distributed import is_main
 from bmrl.eval import audit, markdown, plots
 from bmrl.eval.bootstrap import Interval, SurfaceInterval, mean_interval, surface_interval
 from bmrl.eval.decompose import decision_accuracy_per_task, recovery_per_task
 from bmrl.eval.evaluate import EvalResult
-from bmrl.rundir import writes_here
 
 ESTIMATOR = (
     "Pass@(K,T) is the unbiased estimator 1 - C(n - c(T), K) / C(n, K) per task (n attempts, c(T) of "
@@ -198,7 +198,7 @@ def write_report(
     summary: dict[str, Any] = {n: r.summary() for n, r in results.items()}
     summary["comparisons"] = {k: {kk: vv for kk, vv in v.items() if kk != "surface"} for k, v in comparisons.items()}
 
-    if not writes_here():  # another process of a multi-process run: the same summary, process 0 writes
+    if not is_main():  # another process of a multi-process run: the same summary, process 0 writes
         return paths, summary
     os.makedirs(out_dir, exist_ok=True)
     if plot:

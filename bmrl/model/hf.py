@@ -379,10 +379,10 @@ def save_pretrained(
     Weights keep their dtype; a LoRA model is written merged (`bmrl.model.lora.merge_lora`). With `max_shard_bytes`, tensors are split over several files named by
     `model.safetensors.index.json`. Earlier model*.safetensors files in `path` are removed first.
     On a multi-process run every process calls it (weights split across processes are gathered) and
-    process 0 alone writes (`bmrl.rundir.writes_here`).
+    process 0 alone writes (`bmrl.distributed.is_main`).
     """
     from bmrl.distributed import to_host
-    from bmrl.rundir import writes_here
+    from bmrl.distributed import is_main
 
     model = merge_lora(model)  # LoRA: the merged weights (the adapter alone: `save_adapter`)
     cfg: ModelConfig = model.config
@@ -391,7 +391,7 @@ def save_pretrained(
     for name, (nnx_path, _, transposed) in tensor_specs(cfg).items():
         value = to_host(state[nnx_path][...])
         tensors[name] = np.ascontiguousarray(value.T if transposed else value)
-    if not writes_here():
+    if not is_main():
         return
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
