@@ -381,8 +381,7 @@ def save_pretrained(
     On a multi-process run every process calls it (weights split across processes are gathered) and
     process 0 alone writes (`bmrl.distributed.is_main`).
     """
-    from bmrl.distributed import to_host
-    from bmrl.distributed import is_main
+    from bmrl.distributed import is_main, to_host
 
     model = merge_lora(model)  # LoRA: the merged weights (the adapter alone: `save_adapter`)
     cfg: ModelConfig = model.config
