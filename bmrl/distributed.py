@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -372,6 +372,15 @@ def barrier(name: str, timeout_s: float = BARRIER_TIMEOUT_S) -> None:
 
     _barriers[name] = _barriers.get(name, 0) + 1
     jax_distributed.global_state.client.wait_at_barrier(f"{name}#{_barriers[name]}", int(timeout_s * 1000))
+
+
+def main_writes(name: str, write: Callable[[], Any]) -> None:
+    """Run `write` on process 0 alone, then wait at the barrier `name` until every process is there: when
+    this returns, what process 0 wrote is on disk for any process to read (outputs on a filesystem every
+    host sees). With one process: `write()`."""
+    if is_main():
+        write()
+    barrier(name)
 
 
 def warm_collectives(mesh: Mesh) -> None:

@@ -15,7 +15,7 @@ The rule, the same for train, sft, eval, reproduce's stages and sweep runs:
 - finished (its marker, summary.json, present and accepted): the saved summary; the caller does nothing.
 
 On a multi-process run (`bmrl.distributed`) every process makes the same calls and only process 0
-writes (`writes_here`): one set of outputs, however many hosts; orbax checkpoints, written by every
+writes (`bmrl.distributed.main_writes`): one set of outputs, however many hosts; orbax checkpoints, written by every
 process, are the one exception (`bmrl.checkpoint`).
 """
 
@@ -62,26 +62,6 @@ def probe_writable(path: str | os.PathLike) -> None:
     except OSError as err:
         raise OutputNotWritable(err.errno, f"output directory {path} is not writable ({probe}: "
                                 f"{err.strerror or err}); choose a writable out_dir or fix its permissions") from None
-
-
-def writes_here() -> bool:
-    """True unless this is a process other than 0 of a multi-process JAX run (`bmrl.distributed.is_main`):
-    the one test every writer of run outputs asks. Imports no JAX when none is loaded (no JAX, one process)."""
-    if "jax" not in sys.modules:
-        return True
-    from bmrl.distributed import is_main
-
-    return is_main()
-
-
-def _all_see(name: str) -> None:
-    """Every process of a multi-process run waits here until all reach it (after process 0 wrote `name`),
-    so any process may read what was written next (a reproduce stage reads the last one's policy/ and
-    summary.json). A no-op for one process and without JAX."""
-    if "jax" in sys.modules:
-        from bmrl.distributed import barrier
-
-        barrier(f"bmrl-rundir-{name}")
 
 
 def _default(o: Any) -> Any:
@@ -132,15 +112,23 @@ class RunDir:
 
     def write_text(self, name: str, text: str) -> str:
         """Write `name` through a temporary file and a rename (old file or new one, never a cut one); on
-        process 0 only (`writes_here`), and every process returns once it is there. Returns the path."""
+        process 0 only, and every process returns once it is there (`bmrl.distributed.main_writes`: a
+        reproduce stage reads the last one's policy/ and summary.json). Returns the path."""
         path = self.file(name)
-        if writes_here():
+
+        def write() -> None:
             os.makedirs(os.path.dirname(path), exist_ok=True)
             tmp = f"{path}.tmp"
             with open(tmp, "w") as f:
                 f.write(text)
             os.replace(tmp, path)
-        _all_see(name)
+
+        if "jax" in sys.modules:  # a JAX run may be one process of several; without JAX there is one
+            from bmrl.distributed import main_writes
+
+            main_writes(f"bmrl-rundir-{name}", write)
+        else:
+            write()
         return path
 
     def write_json(self, name: str, obj: Any, **dump: Any) -> str:
@@ -152,4 +140,4 @@ class RunDir:
         return self.write_text("config.yaml", to_yaml(cfg))
 
 
-__all__ = ["IGNORED", "OutputNotWritable", "RunDir", "SECTIONS", "probe_writable", "writes_here"]
+__all__ = ["IGNORED", "OutputNotWritable", "RunDir", "SECTIONS", "probe_writable"]

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -175,7 +176,10 @@ def test_a_killed_process_stops_the_other_within_the_heartbeat_bound(tmp_path):
     """Two processes started by hand (as on two hosts: no launcher to stop them), process 1 SIGKILLed
     after the first evaluation: process 0 fails in its next collective, waits for the coordination
     service to declare process 1 dead (BMRL_HEARTBEAT_TIMEOUT_S, 10 s here) and exits with status 4
-    (EXIT_PEER_FAILED) naming it, instead of hanging; no half-written checkpoint is left as a step."""
+    (EXIT_PEER_FAILED) naming it, instead of hanging; no half-written checkpoint is left as a step. On a busy
+    machine process 0 may be outside any collective (compiling) when the heartbeat runs out: then JAX's
+    coordination service aborts it (SIGABRT) naming process 1, at the same bound; jaxlib's handler for that
+    cannot be replaced from Python (its status argument has no Python type)."""
     from bmrl.distributed import EXIT_PEER_FAILED
     from bmrl.launch import free_port, process_env
 
@@ -204,9 +208,12 @@ def test_a_killed_process_stops_the_other_within_the_heartbeat_bound(tmp_path):
                 p.kill()
                 p.wait()
     text = logs[0].read_text()
-    assert code == EXIT_PEER_FAILED, text[-3000:]
     assert waited < heartbeat + 60  # the stated bound: the heartbeat timeout plus the failing collective's wait
-    assert "process 0 of 2 stops" in text and "process 1 stopped (no heartbeat)" in text
+    if code == -signal.SIGABRT:  # not inside a collective when the heartbeat ran out (a busy host): JAX aborts it
+        assert "stopped sending heartbeats" in text and "unhealthy" in text and "\n1\n" in text, text[-3000:]
+    else:  # its collective failed first: bmrl's handler names the dead process and exits EXIT_PEER_FAILED
+        assert code == EXIT_PEER_FAILED, text[-3000:]
+        assert "process 0 of 2 stops" in text and "process 1 stopped (no heartbeat)" in text
     steps = [s for s in (os.listdir(out / "checkpoints") if (out / "checkpoints").is_dir() else []) if s.isdigit()]
     assert all(os.path.isfile(out / "checkpoints" / s / "_CHECKPOINT_METADATA") for s in steps), steps  # whole ones
 

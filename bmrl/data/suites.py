@@ -325,17 +325,20 @@ def _prepare(spec: _Spec, data_dir):
     """The builder of `spec` under `data_dir`, its suite written (a no-op when stored already). On a
     multi-process run (a `data_dir` every host sees) process 0 writes it while the others wait, then
     they open it: two writers of one suite collide in TFDS's final rename."""
-    from bmrl.distributed import barrier, is_main  # imports JAX: only a run that builds suites needs it
+    from bmrl.distributed import main_writes  # imports JAX: only a run that builds suites needs it
+
+    made = []
+
+    def write() -> None:
+        made.append(_builder(spec, data_dir))
+        made[0].download_and_prepare()
 
     with _quiet():
-        if is_main():
-            builder = _builder(spec, data_dir)
-            builder.download_and_prepare()
-        barrier(f"bmrl-suite-{spec.name}")
-        if not is_main():
-            builder = _builder(spec, data_dir)  # made after process 0 wrote it: finds it stored
-            builder.download_and_prepare()
-    return builder
+        main_writes(f"bmrl-suite-{spec.name}", write)
+        if not made:  # another process: made after process 0 wrote the suite, it finds it stored
+            made.append(_builder(spec, data_dir))
+            made[0].download_and_prepare()
+    return made[0]
 
 
 def _read(spec: _Spec, data_dir) -> Any:

@@ -66,15 +66,16 @@ class SavedEval:
 def save_results(path: str | os.PathLike, results: Mapping[str, Any], config: Mapping[str, Any]) -> None:
     """{policy: EvalResult or SavedEval} and the config that produced them, to `path` (written atomically).
     On a multi-process run process 0 writes and every process returns only once the file is there
-    (a barrier), so any of them may `load_results` it next."""
-    from bmrl.distributed import barrier, is_main
+    (`bmrl.distributed.main_writes`), so any of them may `load_results` it next."""
+    from bmrl.distributed import main_writes
     from bmrl.metrics import write_json_atomic
 
-    if is_main():
+    def write() -> None:
         os.makedirs(os.path.dirname(os.fspath(path)) or ".", exist_ok=True)
         write_json_atomic(path, {"version": VERSION, "config": normalised(config),
                                  "policies": {n: SavedEval.of(r).to_dict() for n, r in results.items()}})
-    barrier("bmrl-saved-results")
+
+    main_writes("bmrl-saved-results", write)
 
 
 def load_results(path: str | os.PathLike, config: Mapping[str, Any] | None = None) -> dict[str, SavedEval] | None:
