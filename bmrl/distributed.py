@@ -294,6 +294,39 @@ def to_host(tree: Any) -> Any:
     return jax.tree.map(one, tree)
 
 
+def process_share(n: int) -> np.ndarray:
+    """The indices of `n` items this process handles when host work is split over processes: one
+    contiguous share each, in process order, the first `n % processes` one longer (`np.array_split`)."""
+    return np.array_split(np.arange(n), jax.process_count())[jax.process_index()]
+
+
+def gather_rows(tree: Any, n: int) -> Any:
+    """The `n` rows of a host batch from the rows each process made of its `process_share(n)` (`tree`:
+    numpy leaves, batch first), in order, on every process; every process must call it at the same
+    point. For rows each process played on its own (a Python env's evaluation rows); the time goes to
+    `TRANSFERS`."""
+    from jax.experimental import multihost_utils
+
+    if jax.process_count() == 1:
+        return jax.tree.map(np.asarray, tree)
+    shares = np.array_split(np.arange(n), jax.process_count())
+    longest, mine = len(shares[0]), len(shares[jax.process_index()])
+    if not len(shares[-1]):
+        raise DistributedError(f"{n} rows cannot be shared by {jax.process_count()} processes (one would have "
+                               "none); play fewer rows than processes on every process instead.")
+
+    def padded(x):  # every process sends `longest` rows (copies of its last one at the end)
+        x = np.asarray(x)
+        return x[np.minimum(np.arange(longest), mine - 1)]
+
+    t0 = time.perf_counter()
+    every = multihost_utils.process_allgather(jax.tree.map(padded, tree), tiled=True)
+    TRANSFERS["seconds"] += time.perf_counter() - t0
+    TRANSFERS["calls"] += 1
+    keep = np.concatenate([p * longest + np.arange(len(share)) for p, share in enumerate(shares)])
+    return jax.tree.map(lambda x: np.asarray(x)[keep], every)
+
+
 def gather_objects(obj: Any) -> list[Any]:
     """Every process's `obj` (JSON-able), in process order; every process must call it at the same
     point. For host-side results such as the faults of Python environments, logged once by process 0."""
@@ -426,6 +459,8 @@ __all__ = [
     "BARRIER_TIMEOUT_S",
     "barrier",
     "gather_objects",
+    "gather_rows",
+    "process_share",
     "global_batch_array",
     "initialize",
     "TRANSFERS",

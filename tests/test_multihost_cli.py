@@ -222,9 +222,17 @@ def test_python_env_two_processes_step_their_own_rows(tmp_path):
     """A Python env (tests/test_pyenv_config.py's guessing game, two tasks in three raise in step):
     with 2 processes each steps only its half of the batch's environments; the trajectories, losses,
     fault counts and evaluations equal 1 process's, and faults.jsonl holds every fault once."""
-    from tests.test_pyenv_config import _write
+    from tests.test_pyenv_config import ENV_MODULE, _write
 
-    config = _write(tmp_path, "guess_mh")
+    # The game, each reset logged as "process task-id" (BMRL_PROCESS_ID; "-" for the 1-process run).
+    resets = tmp_path / "resets.txt"
+    logged_env = ENV_MODULE.replace("    def reset(self, *, seed=None, options=None):\n", (
+        "    def reset(self, *, seed=None, options=None):\n"
+        "        import os\n"
+        f"        with open({str(resets)!r}, 'a') as f:\n"
+        "            f.write(os.environ.get('BMRL_PROCESS_ID', '-') + ' ' + dict(options or {})['id'] + '\\n')\n"))
+    assert logged_env != ENV_MODULE
+    config = _write(tmp_path, "guess_mh", body=logged_env)
     overrides = ["mesh.data=2", "mesh.fsdp=2", "train.group_size=4", "train.entropy_coef=0.01", "eval.num_tasks=4",
                  "eval.probe_states=0", "--no-progress"]
     ref_out, multi_out = tmp_path / "ref", tmp_path / "multi"
@@ -242,6 +250,13 @@ def test_python_env_two_processes_step_their_own_rows(tmp_path):
         (r["step"], r["row"], r["turn"]) for r in map(json.loads, open(ref_out / "faults.jsonl")))
     assert {r["row"] for r in logged} & set(range(4)) and {r["row"] for r in logged} & set(range(4, 8))  # both halves
     assert got["summary"]["distributed"]["transfer_s_per_step"] > 0  # the rows and faults crossed processes
+    # Every environment reset (training batches and evaluations) happened on exactly one process: the two
+    # processes' resets together are the 1-process run's, and each did a share of them.
+    by = {}
+    for who, task in (line.split() for line in resets.read_text().splitlines()):
+        by.setdefault(who, []).append(task)
+    assert sorted(by["0"] + by["1"]) == sorted(by["-"]), by
+    assert 0 < len(by["0"]) < len(by["-"]) and 0 < len(by["1"]) < len(by["-"])
 
 
 # ------------------------------------------------------------------ the launcher, without JAX

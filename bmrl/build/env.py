@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -19,13 +20,14 @@ import jax
 from bmrl.chat import ChatFormatError, TagLayoutError, env_format
 from bmrl.config import Config, ConfigError
 from bmrl.data.suites import read_task_suite, task_splits
+from bmrl.distributed import gather_objects, process_share
 from bmrl.envs import make
 from bmrl.envs.python.protocol import EntryError, load_entry
 from bmrl.envs.python.tasks import TaskFileError, read_tasks
 from bmrl.parallel import MeshConfig, make_mesh
 from bmrl.rollout import RolloutConfig
 from bmrl.rollout.host import HostConfig
-from bmrl.rollout.pyenv import PythonEnv, host_format, reset_texts
+from bmrl.rollout.pyenv import CORPUS_TASKS, PythonEnv, host_format, reset_texts
 from bmrl.sampling import SamplingConfig
 
 
@@ -73,7 +75,16 @@ def python_parts(cfg: Config) -> tuple[Any, Any, list[str]]:
         tasks = read_tasks(cfg.data.tasks)
     except TaskFileError as err:
         raise ConfigError("data.tasks", str(err)) from None
-    return factory, python_splits(cfg, tasks), reset_texts(factory, tasks)
+    return factory, python_splits(cfg, tasks), first_observations(factory, tasks)
+
+
+def first_observations(factory: Callable[[], Any], tasks: Sequence[dict]) -> list[str]:
+    """`reset_texts` of the first CORPUS_TASKS tasks, each process resetting its `process_share` of them
+    (one reset per task however many hosts run; the texts gathered, in task order, on every process)."""
+    tasks = list(tasks)[:CORPUS_TASKS]
+    mine = process_share(len(tasks))
+    texts = reset_texts(factory, [tasks[i] for i in mine], first_seed=int(mine[0]) if len(mine) else 0)
+    return [text for part in gather_objects(texts) for text in part]
 
 
 SIZE_KEYS = {"train": "train_size", "validation": "val_size", "test": "test_size"}  # split -> its data.* size

@@ -26,7 +26,7 @@ import numpy as np
 from flax import nnx
 
 from bmrl.build.tasks import split_tasks
-from bmrl.distributed import gather_objects, global_batch_array, local_rows, to_host
+from bmrl.distributed import gather_objects, gather_rows, global_batch_array, local_rows, process_share, to_host
 from bmrl.envs.python.protocol import Fault
 from bmrl.eval.evaluate import Runner, engine_runner
 from bmrl.learn.demos import Demos, demo_tokens_needed, make_demos
@@ -153,9 +153,43 @@ class HostPlayer:
             raise ValueError("error injection needs a JAX environment (its oracle picks the wrong action); evaluate "
                              "a Python environment without inject.")
         tasks = list(tasks)
+        if jax.process_count() > 1:  # each process plays its share of the rows on a copy of the policy
+            policy = _local_copy(policy)
         run, trace_count = env.runner(policy, fmt or host_format(env), rollout_cfg, tasks)
-        return Runner(run, trace_count, {"index": np.arange(len(tasks), dtype=np.int32)},
-                      faults=lambda: len(run.faults), on_host=True)
+        play = _split_over_processes(run) if jax.process_count() > 1 else run
+        return Runner(play, trace_count, {"index": np.arange(len(tasks), dtype=np.int32)},
+                      faults=lambda: len(play.faults), on_host=True)
+
+
+def _local_copy(policy: nnx.Module) -> nnx.Module:
+    """`policy` with its parameters gathered (where fsdp/tensor split them across processes) onto this
+    process's first device: a model one process can run alone."""
+    graphdef, state = nnx.split(policy)
+    return nnx.merge(graphdef, jax.device_put(to_host(state), jax.local_devices()[0]))
+
+
+def _split_over_processes(run: Callable) -> Callable:
+    """`run(rows, caps, keys) -> Trajectory` with each process playing its `process_share` of the rows
+    (the environments of the others' rows never step here) and the rows gathered back in order on every
+    process (`gather_rows`). `.faults` holds every process's faults, rows numbered in the whole chunk.
+    A chunk of fewer rows than processes is played whole by every process (no share to give)."""
+
+    def play(rows: dict, caps: Any, keys: Any):
+        index = np.asarray(rows["index"])
+        if len(index) < jax.process_count():
+            before = len(run.faults)
+            trajectory = run(rows, caps, keys)
+            play.faults.extend(run.faults[before:])
+            return trajectory
+        mine = process_share(len(index))
+        before = len(run.faults)
+        trajectory = to_host(run({"index": index[mine]}, np.asarray(caps)[mine], np.asarray(keys)[mine]))
+        found = [dataclasses.asdict(dataclasses.replace(f, row=f.row + int(mine[0]))) for f in run.faults[before:]]
+        play.faults.extend(Fault(**f) for process in gather_objects(found) for f in process)
+        return gather_rows(trajectory, len(index))
+
+    play.faults = []
+    return play
 
 
 __all__ = ["HostPlayer", "JaxPlayer"]

@@ -36,13 +36,14 @@ HOST_PROGRAMS = ("host_start", "host_act", "host_observe", "host_outputs")
 log = logging.getLogger(__name__)
 
 
-def reset_texts(factory: Callable[[], Any], tasks: Sequence[dict], limit: int = CORPUS_TASKS) -> list[str]:
-    """First observations of the first `limit` tasks (reset seed = task index) of one env object;
-    a task whose reset fails or returns no text is skipped (it faults again, counted, when played)."""
+def reset_texts(factory: Callable[[], Any], tasks: Sequence[dict], limit: int = CORPUS_TASKS,
+                first_seed: int = 0) -> list[str]:
+    """First observations of the first `limit` tasks (reset seed = `first_seed` + task index) of one env
+    object; a task whose reset fails or returns no text is skipped (it faults again, counted, when played)."""
     env, texts = factory(), []
     for i, task in enumerate(list(tasks)[:limit]):
         try:
-            obs = env.reset(seed=i, options=task)[0]
+            obs = env.reset(seed=first_seed + i, options=task)[0]
         except Exception as e:  # noqa: BLE001 - user code: a fault of that task, not of the run
             log.warning("reset of task %d (%r) failed while reading first observations: %s: %s", i, task,
                         type(e).__name__, e)
