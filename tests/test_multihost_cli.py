@@ -6,7 +6,8 @@ evaluation, report) runs twice, side by side, on mesh data 2 x fsdp 2 (4 CPU dev
 - `bmrl launch --processes 2 --cpu-devices 2 -- reproduce ...`: 2 processes with 2 devices each, the
   data axis across them. SFT and RL losses, evaluation results, the findings and each stage's summary
   must equal the reference's within float tolerance, with one set of outputs written by process 0.
-One RL stage of the 2-process study is then restarted from its step-1 checkpoint with 1 process instead
+`bmrl eval` of its BudgetMix policy runs on 2 processes and on 1 (the same results). One RL stage of the
+2-process study is then restarted from its step-1 checkpoint with 1 process instead
 of 2 (orbax reshards it onto the new process layout): it must end where the reference stage ends. A
 2-process `bmrl train` with one process killed, and a Python env's rows split across processes, have
 tests of their own. The launcher's own contract (stop the others when one dies, its exit status) is
@@ -112,6 +113,22 @@ def _assert_same_run(got: dict, ref: dict, evals: bool = True) -> None:
             np.testing.assert_allclose(g["final"][key], value, rtol=1e-4, atol=1e-6, err_msg=key)
 
 
+def _assert_close_tree(got, want, path: str = "") -> None:
+    """Nested JSON values equal: the same keys and strings, numbers within float tolerance."""
+    if isinstance(want, dict):
+        assert isinstance(got, dict) and got.keys() == want.keys(), path
+        for key in want:
+            _assert_close_tree(got[key], want[key], f"{path}/{key}")
+    elif isinstance(want, list):
+        assert isinstance(got, list) and len(got) == len(want), path
+        for i, (g, w) in enumerate(zip(got, want)):
+            _assert_close_tree(g, w, f"{path}[{i}]")
+    elif isinstance(want, float):
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6, err_msg=path)
+    else:
+        assert got == want, path
+
+
 def test_two_processes_run_the_study_like_one(study):
     """SFT losses, every RL stage's run (losses, summary, where it ran), the saved evaluation results turn by
     turn and the study's findings agree; process 0 alone writes the study's outputs (process 1 only logs)."""
@@ -147,6 +164,34 @@ def test_two_processes_run_the_study_like_one(study):
     assert g["sentences"] == w["sentences"] and g["table"] == w["table"]
     assert os.listdir(study["logs"]) == ["process1.log"]
     assert sorted(os.listdir(multi_out / "figures")) == sorted(os.listdir(ref_out / "figures"))
+
+
+def test_eval_on_two_processes_equals_one(study):
+    """`bmrl eval` of the study's BudgetMix policy (Pass@(K,T) grid, decision-accuracy probes, error injection)
+    on 2 processes x 2 devices and on 1 process x 4 devices, same mesh: the same results, episode by episode,
+    written by process 0 alone."""
+    tmp = study["tmp"]
+    def args(out):  # the overrides in one run of positionals: argparse takes them only together
+        return ["eval", "--config", "configs/quickstart.yaml", "--no-plots", "--names", "budgetmix",
+                "--policy", str(study["ref"] / "seed0" / "budgetmix" / "policy"), "--out", str(out),
+                *TINY, "mesh.data=2", "mesh.fsdp=2", f"out_dir={out}"]
+
+    one = _start(args(tmp / "eval1"), tmp / "eval1.log", 4)
+    two = _start(["launch", "--processes", "2", "--cpu-devices", "2", "--logs", str(tmp / "eval2_logs"), "--",
+                  *args(tmp / "eval2")], tmp / "eval2.log", None)
+    _finish(one, tmp / "eval1.log", "the 1-process bmrl eval")
+    _finish(two, tmp / "eval2.log", "the 2-process bmrl eval")
+    want, got = (json.load(open(tmp / d / "results.json"))["policies"]["budgetmix"] for d in ("eval1", "eval2"))
+    assert {"surface", "probe", "injected_eval", "decomposition"} <= want.keys()  # grid, probes, injection all ran
+    want.pop("compiles"), got.pop("compiles")
+    _assert_close_tree(got, want)
+    # Both processes print the same verdicts (process 0's through the launcher); process 1 writes no file.
+    assert os.listdir(tmp / "eval2_logs") == ["process1.log"]
+    lines = {name: [line for line in open(path).read().splitlines() if "Pass@(1," in line]
+             for name, path in [("one", tmp / "eval1.log"), ("0", tmp / "eval2.log"),
+                                ("1", tmp / "eval2_logs" / "process1.log")]}
+    assert lines["one"] and lines["0"] == lines["one"] and lines["1"] == lines["one"], lines
+    assert f"process 0 writes the results to {tmp / 'eval2'}" in open(tmp / "eval2_logs" / "process1.log").read()
 
 
 @pytest.mark.parametrize("processes", [1, 2])

@@ -107,5 +107,8 @@ def _run(args: argparse.Namespace, cfg) -> int:
             print(f"{name}: Pass@(1,{p1['T']}) = {Interval.of(p1).format()}")
     for label, c in summary["comparisons"].items():
         print(c["verdict"])
-    print("wrote " + ", ".join(paths.values()))
+    if paths:
+        print("wrote " + ", ".join(paths.values()))
+    else:  # another process of a multi-process run: the same verdicts, nothing written here
+        print(f"process 0 writes the results to {out}")
     return 0
