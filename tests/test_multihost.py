@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -158,12 +157,6 @@ def worker(out_path: str) -> int:
 
 
 # ------------------------------------------------------------------ the tests
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _single_process_reference() -> dict:
     """The same steps in this (pytest) process, one device, the whole batch."""
     import jax
@@ -176,17 +169,18 @@ def _single_process_reference() -> dict:
 
 
 def test_two_processes_train_like_one(tmp_path):
-    port = _free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("BMRL_", "XLA_FLAGS", "TPU_", "SLURM_", "OMPI_"))}
-    env.update(JAX_PLATFORMS="cpu", BMRL_COORDINATOR=f"127.0.0.1:{port}", BMRL_NUM_PROCESSES="2",
-               BMRL_TEST_DEVICES="2", PYTHONPATH=ROOT + os.pathsep + env.get("PYTHONPATH", ""))
+    from bmrl.launch import free_port, process_env
+
+    port = free_port()  # the launcher's coordinator and per-process variables; the worker sets its 2 devices
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env.update(JAX_PLATFORMS="cpu", BMRL_TEST_DEVICES="2", PYTHONPATH=ROOT + os.pathsep + env.get("PYTHONPATH", ""))
     procs, outs = [], []
     t0 = time.time()
     for pid in range(2):
         out = tmp_path / f"worker{pid}.json"
         log = open(tmp_path / f"worker{pid}.log", "w")
         procs.append((subprocess.Popen([sys.executable, os.path.abspath(__file__), "--worker", str(out)],
-                                       env={**env, "BMRL_PROCESS_ID": str(pid)}, cwd=ROOT,
+                                       env=process_env(env, pid, 2, port), cwd=ROOT,
                                        stdout=log, stderr=subprocess.STDOUT), log))
         outs.append(out)
     try:
