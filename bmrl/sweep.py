@@ -16,7 +16,8 @@ Every run's config is built and validated before the first run starts, with what
 sweep with a ConfigError (exit status 2) and nothing written. Runs execute one after another in
 this process (sharing compile caches), each in `<out_dir>/<name>` with its resolved `config.yaml`; a
 run is finished when its `summary.json` exists, so a rerun skips it. A run that raises is reported,
-its traceback kept in `error.txt`, and it is run again next time. At the end `summary.md` and
+its traceback kept in `error.txt`, and it is run again next time (on several processes a failed run
+ends the sweep instead: its peers may be waiting in the run's collectives). At the end `summary.md` and
 `summary.csv` tabulate the swept values and scalar metrics of every run.
 """
 
@@ -332,6 +333,7 @@ def run_sweep(sweep: Sweep, fail_fast: bool = False, log: Callable[[str], None] 
                                                 sort_keys=False))
     results: list[RunResult] = []
     n = len(sweep.runs)
+    summarise = True
     try:
         for i, run in enumerate(sweep.runs, 1):
             run_dir, rundir = run.config.out_dir, RunDir(run.config.out_dir)
@@ -346,12 +348,19 @@ def run_sweep(sweep: Sweep, fail_fast: bool = False, log: Callable[[str], None] 
                 out = fn(run.config)
             except Exception as err:  # a failed run is reported and retried next time, never "finished"
                 seconds = time.time() - start
+                _discard(os.path.join(run_dir, "summary.json"), keep_as=".failed")
+                message = f"{type(err).__name__}: {err}".splitlines()[0]
+                if _multiprocess():
+                    # A peer may sit in one of this run's collectives: no process can go on to the next run,
+                    # nor reach the summary's barrier. The sweep ends here on every process (bmrl.cli stops
+                    # this one at once, the others stop on its missing heartbeat); the same command retries
+                    # this run (it has no summary.json) and resumes it from its last checkpoint.
+                    log(f"[{i}/{n}] {run.name}: FAILED after {seconds:.1f}s: {message}; a multi-process sweep "
+                        f"stops at a failed run (rerun the same command to retry it)")
+                    summarise = False
+                    raise
                 with open(os.path.join(run_dir, "error.txt"), "w") as f:
                     f.write(traceback.format_exc())
-                stale = os.path.join(run_dir, "summary.json")
-                if os.path.exists(stale):
-                    os.replace(stale, stale + ".failed")
-                message = f"{type(err).__name__}: {err}".splitlines()[0]
                 log(f"[{i}/{n}] {run.name}: FAILED after {seconds:.1f}s: {message} (traceback in {run_dir}/error.txt)")
                 results.append(RunResult(run.name, "failed", error=message, seconds=seconds))
                 if fail_fast:
@@ -360,17 +369,36 @@ def run_sweep(sweep: Sweep, fail_fast: bool = False, log: Callable[[str], None] 
             seconds = time.time() - start
             if rundir.finished() is None:
                 rundir.write_json("summary.json", dict(out or {}))
-            if os.path.exists(os.path.join(run_dir, "error.txt")):
-                os.remove(os.path.join(run_dir, "error.txt"))
+            _discard(os.path.join(run_dir, "error.txt"))
             log(f"[{i}/{n}] {run.name}: done in {seconds:.1f}s")
             results.append(RunResult(run.name, "done", rundir.finished() or {}, seconds=seconds))
     finally:
-        md, rows = summary_table(sweep, results)
-        top.write_text("summary.md", md)
-        table = io.StringIO(newline="")
-        csv.writer(table).writerows(rows)
-        top.write_text("summary.csv", table.getvalue())
+        if summarise:
+            md, rows = summary_table(sweep, results)
+            top.write_text("summary.md", md)
+            table = io.StringIO(newline="")
+            csv.writer(table).writerows(rows)
+            top.write_text("summary.csv", table.getvalue())
     return results
+
+
+def _multiprocess() -> bool:
+    """True when this sweep is one of several JAX processes (`bmrl launch`, a TPU slice)."""
+    from bmrl.distributed import is_multiprocess
+
+    return is_multiprocess()
+
+
+def _discard(path: str, keep_as: str | None = None) -> None:
+    """Remove `path` (or rename it to path + keep_as) if it is there; another process of a
+    multi-process sweep may have done it first."""
+    try:
+        if keep_as is None:
+            os.remove(path)
+        else:
+            os.replace(path, path + keep_as)
+    except FileNotFoundError:
+        pass
 
 
 # ---- summary table ------------------------------------------------------------------------------

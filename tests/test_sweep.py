@@ -183,6 +183,26 @@ def test_fail_fast_stops_and_lists_pending(tmp_path, capsys, monkeypatch):
     assert [r[1] for r in rows[1:]] == ["failed"] + ["pending"] * 7
 
 
+def test_multiprocess_sweep_stops_at_a_failed_run(tmp_path, capsys, monkeypatch):
+    """On one of several processes a failed run ends the sweep (its peers may be in the run's collectives:
+    going on, or writing the summary behind a barrier, would wait for them); the rerun retries it."""
+    failing = Fake(fail_seeds={0}, write_before_fail=True)
+    monkeypatch.setitem(sweep_lib.COMMANDS, "fake", failing)
+    monkeypatch.setattr(sweep_lib, "_multiprocess", lambda: True)
+    spec = sweep_lib.load_sweep(_write(tmp_path, SPEC), out_dir=str(tmp_path / "out"))
+    logged = []
+    with pytest.raises(RuntimeError, match="boom at seed 0"):
+        sweep_lib.run_sweep(spec, log=logged.append)
+    root = tmp_path / "out"
+    assert len(failing.calls) == 1 and "a multi-process sweep stops at a failed run" in logged[-1]
+    assert not (root / "summary.md").exists() and not (root / "summary.csv").exists()
+    assert (root / NAMES[0] / "summary.json.failed").exists() and not (root / NAMES[0] / "summary.json").exists()
+    fixed = Fake()
+    monkeypatch.setitem(sweep_lib.COMMANDS, "fake", fixed)
+    assert [r.status for r in sweep_lib.run_sweep(spec, log=logged.append)] == ["done"] * 8
+    assert fixed.calls[0].out_dir == str(root / NAMES[0])
+
+
 def test_metrics_choose_columns(tmp_path, capsys, fake):
     _sweep(tmp_path, capsys, {**SPEC, "metrics": ["eval.8.pass1", "missing"]})
     rows = list(csv.reader(open(tmp_path / "out" / "summary.csv")))
