@@ -38,7 +38,8 @@ def _host(setup, caps=CAPS, key=3, wrap=JaxAsPython, hcfg=None):
     env, fmt, policy, cfg = setup
     envs = [wrap(env, b) if wrap is not JaxAsPython else wrap(env) for b in range(len(caps))]
     tasks = [{"seed": int(s)} for s in SEEDS[: len(caps)]]
-    return host_rollout(policy, envs, env.tokenizer, caps, jax.random.PRNGKey(key), cfg, fmt, tasks=tasks, hcfg=hcfg or HostConfig())
+    key = jax.random.PRNGKey(key) if isinstance(key, int) else key  # a raw key by default
+    return host_rollout(policy, envs, env.tokenizer, caps, key, cfg, fmt, tasks=tasks, hcfg=hcfg or HostConfig())
 
 
 @pytest.fixture(scope="module")
@@ -65,20 +66,26 @@ def test_python_path_equals_compiled_path(setup, clean):
 
 
 def test_caps_hold_with_one_compile(setup, clean):
-    """Three cap draws, one program each for start/act/observe: caps are host data, never shapes."""
+    """Three cap draws, one program each for start/act/observe: caps are host data, never shapes; so
+    are the keys, whatever their kind (raw as evaluation passes them, typed as training does, one per
+    row), and a typed key plays what its raw data plays."""
     names = ("host_start", "host_act", "host_observe", "host_outputs")
     before = {n: compiles.counts().get(n, 0) for n in names}
     rng = np.random.default_rng(0)
-    for draw in range(3):
+    kinds = [lambda k: k, jax.random.key, lambda k: np.asarray(jax.random.split(jax.random.PRNGKey(k), 8))]
+    for draw, kind in enumerate(kinds):
         caps = rng.integers(1, 9, size=8).astype(np.int32)
-        traj = _host(setup, caps=caps, key=10 + draw).trajectory
+        traj = _host(setup, caps=caps, key=kind(10 + draw)).trajectory
         used, active = np.asarray(traj.turns_used), np.asarray(traj.turn_active)
         assert (used <= caps).all() and (active.sum(1) == used).all()
         assert not active[np.arange(8)[None, :] >= caps[:, None]].any()
         trunc = np.asarray(traj.truncated)
         assert (used[trunc] == caps[trunc]).all()
         assert (~trunc == (np.asarray(traj.success) | np.asarray(traj.terminated))).all()
+    typed = _host(setup, key=jax.random.key(3)).trajectory
     assert {n: compiles.counts().get(n, 0) for n in names} == before
+    for f in FIELDS + ("logprobs",):
+        np.testing.assert_array_equal(np.asarray(getattr(typed, f)), np.asarray(getattr(clean.trajectory, f)), err_msg=f)
 
 
 class RaiseOnThird(JaxAsPython):

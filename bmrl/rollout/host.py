@@ -50,6 +50,7 @@ from bmrl.rollout.types import (
     RolloutError,
     Trajectory,
     check_caps,
+    host_keys,
     row_keys,
     stream,
 )
@@ -201,7 +202,7 @@ def host_rollout(
         raise RolloutError(f"host_rollout needs one environment (and task) per row: {batch} caps, {len(envs)} envs.")
     if policy is None and script is None:
         raise RolloutError("host_rollout needs a policy (a model), a script, or both (teacher forcing).")
-    keys = row_keys(key, batch)
+    keys = host_keys(row_keys(key, batch))
     groups = pipeline_groups(batch, hcfg) if policy is not None and script is None else 1
     if groups > 1:
         out = _pipelined(policy, envs, tokenizer, caps, keys, cfg, fmt, tasks, hcfg, groups)

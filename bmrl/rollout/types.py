@@ -152,6 +152,18 @@ def row_keys(key: jax.Array, batch: int) -> jax.Array:
     return jax.random.split(key, batch)
 
 
+def host_keys(keys: jax.Array) -> jax.Array | np.ndarray:
+    """Per-row keys for the host loop: typed keys of the default implementation as their raw uint32 data
+    in host memory (raw keys, evaluation's kind, as they are). The same bits (JAX reads raw data with
+    the default implementation), but the host loop's jitted steps then compile once for training's
+    typed keys and evaluation's raw ones alike (twice before), and selecting rows compiles nothing."""
+    if not jnp.issubdtype(keys.dtype, jax.dtypes.prng_key):
+        return np.asarray(keys)
+    if str(jax.random.key_impl(keys)) != jax.config.jax_default_prng_impl:
+        return keys  # another implementation's data would be read as the default's: keep it typed
+    return np.asarray(jax.random.key_data(keys))
+
+
 def stream(keys: jax.Array, which: int) -> jax.Array:
     """keys [B] -> fold_in(key, which) per row."""
     return jax.vmap(lambda k: jax.random.fold_in(k, which))(keys)
