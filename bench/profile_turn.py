@@ -33,6 +33,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CASES = {"16x4": (16, 4), "256x16": (256, 16)}
+OVERLAP_WARN = 1.2  # ops' self times over the untraced wall time above which the shares are flagged
 PHASES = ("compact", "start", "sample", "decode", "parse", "env_step", "record", "prefill", "observe", "turn")
 
 
@@ -210,6 +211,13 @@ def profile(corridor_workload, label: str, batch: int, turns: int, top: int, com
     print(f"\n== {label}: {batch} rows x {turns} turns: wall {wall * 1e3:.1f} ms untraced "
           f"({wall / turns * 1e3:.2f} ms per turn, {wall / (batch * turns) * 1e6:.1f} us per row-turn), "
           f"{traced * 1e3:.1f} ms traced, ops' self time {ops_total / 1e6:.1f} ms, first call (compile) {compile_s:.1f} s")
+    overlap = ops_total / 1e9 / wall
+    if overlap > OVERLAP_WARN:
+        # Seen at 256 x 16: ops' self times 1.85x the untraced wall; prefilling every observation at half
+        # its width cut the traced prefill 58% but the untraced wall 10%. Shares are then upper bounds.
+        print(f"note: the ops' self times sum to {overlap:.2f}x the untraced wall (ops overlap: XNNPACK's and "
+              f"the runtime's threads, tracing overhead): a share below overstates what removing it saves; "
+              f"judge a change by untraced time (--against)")
     print(f"{'phase':<16}{'ms':>9}{'share':>8}")
     for phase, ns in by_phase.most_common():
         print(f"{phase:<16}{ns / 1e6:>9.2f}{ns / ops_total:>8.1%}")
@@ -220,7 +228,7 @@ def profile(corridor_workload, label: str, batch: int, turns: int, top: int, com
     for ns, name, phase, kind, src in sorted(rows, reverse=True)[:top]:
         print(f"{name[:27]:<28}{phase:<16}{kind[:29]:<30}{src[:23]:<24}{ns / 1e6:>8.2f}")
     return dict(case=label, wall_ms=round(wall * 1e3, 2), ms_per_turn=round(wall / turns * 1e3, 3),
-                compile_s=round(compile_s, 1),
+                compile_s=round(compile_s, 1), self_over_wall=round(overlap, 2),
                 phases={k: round(v / 1e6, 2) for k, v in by_phase.items()})
 
 
