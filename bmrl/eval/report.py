@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from bmrl.distributed import is_main
+from bmrl.distributed import main_writes
 from bmrl.eval import audit, markdown, plots
 from bmrl.eval.bootstrap import Interval, SurfaceInterval, mean_interval, surface_interval
 from bmrl.eval.decompose import decision_accuracy_per_task, recovery_per_task
@@ -162,7 +162,9 @@ def write_report(
     `baseline`: the name every other policy is compared with (paired; default the first name when
     there are several, none for one). `description`/`settings`: what was evaluated, shown on top.
     Returns (paths by kind, summary) where summary[name] = `EvalResult.summary()` and
-    summary["comparisons"][f"{name} - {baseline}"] holds the paired differences.
+    summary["comparisons"][f"{name} - {baseline}"] holds the paired differences. On several processes
+    process 0 writes and every process returns once the files are there (`distributed.main_writes`);
+    the others get the same summary and no paths.
     """
     if not results:
         raise ValueError("write_report needs at least one named EvalResult.")
@@ -198,22 +200,24 @@ def write_report(
     summary: dict[str, Any] = {n: r.summary() for n, r in results.items()}
     summary["comparisons"] = {k: {kk: vv for kk, vv in v.items() if kk != "surface"} for k, v in comparisons.items()}
 
-    if not is_main():  # another process of a multi-process run: the same summary, process 0 writes
-        return paths, summary
-    os.makedirs(out_dir, exist_ok=True)
-    if plot:
-        paths.update(_plots(out_dir, results, baseline, diffs))
+    def write() -> None:
+        os.makedirs(out_dir, exist_ok=True)
+        if plot:
+            paths.update(_plots(out_dir, results, baseline, diffs))
+        data = {
+            "title": title, "estimator": ESTIMATOR, "baseline": baseline, "settings": dict(settings or {}),
+            "policies": {n: r.to_dict() for n, r in results.items()}, "comparisons": comparisons,
+        }
+        paths["json"] = os.path.join(out_dir, "results.json")
+        with open(paths["json"], "w") as f:
+            json.dump(data, f, indent=1, default=_json_default)
+        paths["report"] = os.path.join(out_dir, "report.md")
+        with open(paths["report"], "w") as f:
+            f.write(_markdown(title, description, settings, results, baseline, diffs, comparisons, paths))
 
-    data = {
-        "title": title, "estimator": ESTIMATOR, "baseline": baseline, "settings": dict(settings or {}),
-        "policies": {n: r.to_dict() for n, r in results.items()}, "comparisons": comparisons,
-    }
-    paths["json"] = os.path.join(out_dir, "results.json")
-    with open(paths["json"], "w") as f:
-        json.dump(data, f, indent=1, default=_json_default)
-    paths["report"] = os.path.join(out_dir, "report.md")
-    with open(paths["report"], "w") as f:
-        f.write(_markdown(title, description, settings, results, baseline, diffs, comparisons, paths))
+    # Process 0 writes, every process returns once the files are there; the others get the same
+    # summary and no paths (they wrote nothing).
+    main_writes("bmrl-report", write)
     return paths, summary
 
 
