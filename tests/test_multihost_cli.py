@@ -171,6 +171,7 @@ def test_eval_on_two_processes_equals_one(study):
     on 2 processes x 2 devices and on 1 process x 4 devices, same mesh: the same results, episode by episode,
     written by process 0 alone."""
     tmp = study["tmp"]
+
     def args(out):  # the overrides in one run of positionals: argparse takes them only together
         return ["eval", "--config", "configs/quickstart.yaml", "--no-plots", "--names", "budgetmix",
                 "--policy", str(study["ref"] / "seed0" / "budgetmix" / "policy"), "--out", str(out),
