@@ -107,3 +107,17 @@ def clear() -> None:
     with _LOCK:
         _PROGRAMS.clear()
         _COUNTS.clear()
+
+
+def release() -> None:
+    """Drop every cached program and JAX's in-memory compiled executables (the counters stay): what a job
+    of many stages (`bmrl reproduce`) calls between stages, so the programs of a finished stage do not pile
+    up in memory. A later stage loads the same programs from the persistent compile cache
+    (`bmrl.compile_cache`), bitwise the same."""
+    import gc
+
+    with _LOCK:
+        _PROGRAMS.clear()
+    jax.clear_caches()
+    gc.collect()
+

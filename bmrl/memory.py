@@ -315,12 +315,13 @@ def plan_for_config(cfg: Any, mcfg: Any, mesh: Mesh, optimizer: Any) -> MemoryPl
         raise ConfigError("train.microbatches", f"must be >= 1 and divide the minibatch of {mb} rows "
                           f"(tasks_per_step x group_size / minibatches), got {micro}.")
     eval_rows = cfg.eval.num_tasks * len(cfg.eval.ts)
+    rollout_rows = (t.tasks_per_step + int(getattr(t, "oversample", 0))) * t.group_size  # dynamic sampling plays more
     from bmrl.model.lora import LoRASpec
 
     spec = LoRASpec.of(cfg.model.lora) if cfg.model.lora.rank else None
 
     def plan(spec):
-        return plan_memory(mcfg, mesh, optimizer, rollout_batch=max(batch, eval_rows), max_len=cfg.rollout.max_len,
+        return plan_memory(mcfg, mesh, optimizer, rollout_batch=max(rollout_rows, eval_rows), max_len=cfg.rollout.max_len,
                            update_rows=mb, microbatches=micro, remat=bool(getattr(t, "remat", False)),
                            device_memory_gb=float(getattr(cfg.mesh, "device_memory_gb", 0.0)),
                            kl_reference=t.kl_coef > 0, lora=spec)

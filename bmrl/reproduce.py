@@ -34,9 +34,10 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
+from bmrl import compiles
 from bmrl.config import Config, build, check_reproduce, to_dict
 from bmrl.rundir import RunDir
-from bmrl.study.findings import BASE, GROUPS, pool, study_findings, unit_metrics
+from bmrl.study.findings import BASE, GROUPS, pool, study_findings, unit_metrics, without_dead_runs
 from bmrl.study.report import finding_sentences, per_seed_table, report_md, summary_table
 
 # ---- configs of the stages ------------------------------------------------------------------------
@@ -138,19 +139,25 @@ def reproduce(cfg: Config, *, log: Callable[[str], Any] = print, stages=None) ->
         with open(old_path) as fh:
             old_times = json.load(fh).get("stage_times_s", {})
     per_seed, seed_reports, stage_times, seed_results = [], [], {}, []
+    health: dict[tuple[int, str], dict] = {}  # (seed, variant) -> the RL run's summary "health"
 
-    def timed(key: str, fn: Callable[..., Any], *args: Any) -> None:
+    def timed(key: str, fn: Callable[..., Any], *args: Any) -> Any:
         """Run one stage; its time is measured when it ran, else the previous summary's."""
         t, before = time.time(), stages.index - stages.skipped
-        fn(*args)
-        stage_times[key] = time.time() - t if stages.index - stages.skipped > before else old_times.get(key)
+        out = fn(*args)
+        ran = stages.index - stages.skipped > before
+        stage_times[key] = time.time() - t if ran else old_times.get(key)
+        if ran:  # the finished stage's programs leave memory (the next stage reloads its own from the disk cache)
+            compiles.release()
+        return out
 
     for seed, (sft_cfg, rl_cfgs, eval_cfg) in plan:
         timed(f"seed{seed}/sft", run_stage, stages, f"seed {seed} - SFT", "sft", partial(run_sft, log=stages.note, on_step=stages.advance), sft_cfg)
         dirs = {BASE: os.path.join(sft_cfg.out_dir, "policy")}
         for name, rl_cfg in rl_cfgs.items():
-            timed(f"seed{seed}/{name}", run_stage, stages, f"seed {seed} - RL {name}", "rl",
-                  partial(train, on_step=stages.step, evaluate=False), rl_cfg)
+            done = timed(f"seed{seed}/{name}", run_stage, stages, f"seed {seed} - RL {name}", "rl",
+                         partial(train, on_step=stages.step, evaluate=False), rl_cfg)
+            health[(seed, name)] = (done or {}).get("health") or {}
             dirs[name] = os.path.join(rl_cfg.out_dir, "policy")
         results_path = os.path.join(eval_cfg.out_dir, "results.json")
         timed(f"seed{seed}/eval", _evaluate_seed, cfg, eval_cfg, seed, dirs, stages, results_path)
@@ -163,7 +170,7 @@ def reproduce(cfg: Config, *, log: Callable[[str], Any] = print, stages=None) ->
     if stages.skipped == stages.total:
         stages.say(f"all {stages.total} stages done already: re-rendering report.md and figures from the saved results "
             "(nothing trained or evaluated)")
-    summary = _render(cfg, names, per_seed, seed_results, ks, ts, seed_reports, stage_times)
+    summary = _render(cfg, names, per_seed, seed_results, ks, ts, seed_reports, stage_times, health)
     log("\n" + summary["table_md"] + "\n")
     for s in summary["sentences"]:
         log(s)
@@ -171,9 +178,31 @@ def reproduce(cfg: Config, *, log: Callable[[str], Any] = print, stages=None) ->
     return summary
 
 
+def dead_runs(health: dict[tuple[int, str], dict]) -> list[dict]:
+    """Every RL run its training flagged as dead (`bmrl.learn.health`): seed, variant, each flag (kind, first
+    step, reason) and whether it still held at the run's last step."""
+    return [{"seed": seed, "variant": name, "flags": h["flags"], "still_at_end": bool(h.get("still_at_end"))}
+            for (seed, name), h in health.items() if h.get("dead")]
+
+
+def _dead_runs_md(runs: list[dict], total: int) -> list[str]:
+    """report.md's section on dead runs: every one listed, or a line saying there were none."""
+    from bmrl.learn.health import RULE
+
+    head = ["## Runs that lost their signal", ""]
+    if not runs:
+        return head + [f"None of the {total} RL runs lost its signal. Rule: {RULE}", ""]
+    lines = [f"- seed {r['seed']} `{r['variant']}`: " + "; ".join(f"dead since step {f['step']}: {f['reason']}"
+                                                               for f in r["flags"])
+             + ("" if r["still_at_end"] else " (it no longer held at the last step)") for r in runs]
+    return head + [f"{len(runs)} of the {total} RL runs lost their signal; each verdict above says whether it holds "
+                   f"without them. Rule: {RULE}", "", *lines, ""]
+
+
 def _render(cfg: Config, names: list[str], per_seed: list[dict], seed_results: list[dict], ks, ts,
-            seed_reports: list[str], stage_times: dict) -> dict:
-    """Findings, verdicts, table, figures, report.md and summary.json from the per-seed results."""
+            seed_reports: list[str], stage_times: dict, health: dict[tuple[int, str], dict] | None = None) -> dict:
+    """Findings, verdicts, table, figures, report.md and summary.json from the per-seed results; `health`:
+    {(seed, variant): the RL run's summary "health"} (the dead runs each verdict is checked without)."""
     from bmrl.build import env_name, suite_line, suite_summary
     from bmrl.study.figures import study_figures
 
@@ -181,6 +210,9 @@ def _render(cfg: Config, names: list[str], per_seed: list[dict], seed_results: l
     pooled = pool(per_seed, names)
     resamples = max(cfg.eval.bootstrap, 200)
     study = study_findings(pooled, seed_results, names, ks, ts, rep, resamples)
+    dead = dead_runs(health or {})
+    study = without_dead_runs(study, {(r["seed"], r["variant"]): r["flags"][0]["reason"] for r in dead}, rep.seeds,
+                              per_seed, seed_results, names, ks, ts, rep, resamples)
     sentences = [f.sentence() for f in study.findings]
     details = finding_sentences(study, rep)
     table_md, table = summary_table(pooled, study, names, ks, ts)
@@ -192,14 +224,15 @@ def _render(cfg: Config, names: list[str], per_seed: list[dict], seed_results: l
     wall = sum(v for v in stage_times.values() if v is not None)
     missing = not_measured(cfg)
     report = report_md(cfg, env_name(cfg), sentences + ["Measured:"] + details, table_md, figures, seed_reports, wall, len(rep.seeds),
-                       pooled[BASE]["surface"].shape[0], study, seeds_md, suite_line(suites), missing)
+                       pooled[BASE]["surface"].shape[0], study, seeds_md, suite_line(suites), missing,
+                       _dead_runs_md(dead, len(rep.seeds) * len(rep.variants)))
     run_dir = RunDir(out)
     run_dir.write_text("report.md", report)
     summary = {"findings": study.to_dict(), "sentences": sentences, "details": details, "table": table, "wall_time_s": wall,
                "stage_times_s": stage_times, "seeds": list(rep.seeds), "per_seed": seed_rows,
                "units": int(pooled[BASE]["surface"].shape[0]),
                "figures": {k: os.path.relpath(v, out) for k, v in figures.paths.items()},
-               "colour_scales": figures.scales, "suites": suites, "not_measured": missing}
+               "colour_scales": figures.scales, "suites": suites, "not_measured": missing, "dead_runs": dead}
     run_dir.write_json("summary.json", summary, default=float)
     return {**summary, "table_md": table_md}
 

@@ -10,8 +10,14 @@
                                                 # caps = budget.sample(...): inside jit, caps are data
                                                 # traj, faults = player.play(params, rows, caps, key)
                                                 # params, opt_state = update(..., traj, key)
-        loop.after_step(state, m)               # hooks: log, non-finite guard, evaluate Pass@(1,T), checkpoint
+        loop.after_step(state, m)               # hooks: log, run health, non-finite guard, evaluate Pass@(1,T), checkpoint
     summary = loop.finish(state, ...)           # the policy as a Hugging Face directory, summary.json
+
+With `train.oversample` (dynamic sampling) each step plays that many extra task groups and trains on
+`tasks_per_step` of them, the groups whose rewards differ first (`select_groups`): one shape, selection by
+data. Run health (`bmrl.learn.health`): a run that has lost its signal (no group with differing rewards, or
+an invalid-action rate far above its start, for `train.dead_after` steps in a row) is said to be dead in the
+log, in metrics.jsonl (`health/dead`) and in summary.json (`health`), and trains on.
 
 The run's player (`bmrl.build.players`) plays the env: a JAX env in one compiled loop, a Python env
 from the host on the same compiled turn; the loop never asks which.
@@ -30,8 +36,10 @@ import dataclasses
 import json
 import math
 import os
+import sys
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import jax
@@ -47,6 +55,7 @@ from bmrl.checkpoint import CheckpointMismatch, Checkpointer, key_data
 from bmrl.distributed import TRANSFERS, process_info, to_host, warm_collectives
 from bmrl.eval.run import evaluate_config
 from bmrl.learn import optimizer_from_config
+from bmrl.learn.health import RunHealth
 from bmrl.learn import step as step_lib
 from bmrl.metrics import MetricsLogger, Progress, read_jsonl, to_scalar, write_jsonl_atomic
 from bmrl.model.peft import export_policy
@@ -113,6 +122,17 @@ def _rollout_stats(traj) -> dict:
     )
 
 
+def select_groups(traj, *, group_size: int, keep: int):
+    """Dynamic sampling (DAPO's group filter, by data in a static shape): the first `keep` task groups of
+    `traj` (rows task-major, `group_size` each) whose rewards differ, then, to fill the batch, the first
+    groups whose rewards are all equal (they add no gradient). Returns a Trajectory of keep * group_size rows."""
+    r = traj.outcome_reward.reshape(-1, group_size)
+    signal = jnp.any(r != r[:, :1], axis=1)  # [groups]
+    order = jnp.argsort((~signal).astype(jnp.int32), stable=True)[:keep]  # groups with signal first, each kind in stream order
+    rows = (order[:, None] * group_size + jnp.arange(group_size)[None, :]).reshape(-1)
+    return jax.tree.map(lambda x: x[rows], traj)
+
+
 def place_learner(optimizer, params: Any, mesh) -> tuple[Any, Any, tuple[Any, Any]]:
     """The learner's pinned layouts: `params` placed on `mesh` by the partition rules and a fresh
     optimizer state following them (bmrl.parallel). Returns (params, opt_state, (param_shardings,
@@ -133,9 +153,10 @@ class RunRecord:
     tokens_seen: int = 0
     last: dict = dataclasses.field(default_factory=dict)  # the last step's metrics
     metrics_records: int | None = None  # records in metrics.jsonl at the checkpoint
+    health: dict = dataclasses.field(default_factory=dict)  # bmrl.learn.health.RunHealth.to_dict()
 
     def to_meta(self, records: int) -> dict:
-        return {"tokens_seen": int(self.tokens_seen), "metrics_records": int(records),
+        return {"tokens_seen": int(self.tokens_seen), "metrics_records": int(records), "health": self.health,
                 "last": {k: to_scalar(v) for k, v in self.last.items()},
                 "eval_log": {str(s): {str(T): [p, se] for T, (p, se) in r.items()} for s, r in self.eval_log.items()}}
 
@@ -145,7 +166,8 @@ class RunRecord:
         run = meta.get("run") or {}
         evals = {int(s): {int(T): (float(p), float(se)) for T, (p, se) in r.items()}
                  for s, r in run.get("eval_log", {}).items()}
-        return cls(evals, int(run.get("tokens_seen", 0)), dict(run.get("last", {})), run.get("metrics_records"))
+        return cls(evals, int(run.get("tokens_seen", 0)), dict(run.get("last", {})), run.get("metrics_records"),
+                   dict(run.get("health") or {}))
 
 
 @dataclasses.dataclass
@@ -175,7 +197,7 @@ class Trainer:
         warm_collectives(self.mesh)  # several processes on CPU: their Gloo groups, made together
         self.evaluate_on = evaluate
         self.progress, self.on_step = progress, on_step
-        self.batch = t.tasks_per_step * t.group_size
+        self.batch = (t.tasks_per_step + t.oversample) * t.group_size  # rollout rows (dynamic sampling: more)
         self.train_tasks = self.player.tasks("train")
         self.held_out = {s: self.player.tasks(s, max(cfg.eval.num_tasks, 1))
                          for s in {eval_split(cfg, run), "test"}}  # in between: validation; first and last: test
@@ -221,6 +243,9 @@ class Trainer:
         self.logger = MetricsLogger(self.out, start_step=state.step, keep_records=state.record.metrics_records)
         _keep_faults_up_to(self.out, state.step)  # faults after the checkpoint are logged again by the replayed steps
         self.bar = Progress(total=t.steps, initial=state.step, enable=self.progress, on_step=self.on_step)
+        self.health = RunHealth.from_dict(state.record.health, t.dead_after, t.dead_invalid_rise)
+        self.select = compiles_lib.counted_jit(partial(select_groups, group_size=t.group_size, keep=t.tasks_per_step),
+                                               name="select_groups") if t.oversample else None
         self.start = state.step
         return state
 
@@ -255,19 +280,22 @@ class Trainer:
         t, cfg = self.t, self.cfg
         t0, moved0 = time.perf_counter(), TRANSFERS["seconds"]
         key = jax.random.fold_in(state.key, state.step)
+        drawn = t.tasks_per_step + t.oversample
         idx = tasks_at(np.arange(self.player.count(self.train_tasks), dtype=np.int32), state.data_position,
-                       t.tasks_per_step, cfg.seed)
+                       drawn, cfg.seed)
         rows = self.player.take(self.train_tasks, np.repeat(idx, t.group_size))
         caps = shard_batch(self.sample_caps(jax.random.fold_in(key, 0)), self.mesh)  # as eval caps: one compile
         traj, faults = self.play(self.policy_params(state.params), rows, caps, jax.random.fold_in(key, 1))
         _log_faults(self.out, state.step + 1, faults, rows)
         stats = _rollout_stats(traj) | ({"faults": len(faults)} if faults is not None else {})
+        if self.select is not None:  # dynamic sampling: tasks_per_step of the groups, those with signal first
+            traj = self.select(traj)
         params, opt_state, m = self.update(state.params, state.opt_state, self.ref_params, traj,
                                            jax.random.fold_in(key, 2))
         m, stats = to_host((m, stats))
         dt, moved = time.perf_counter() - t0, TRANSFERS["seconds"] - moved0
         self.transfer_s += moved
-        data_position = state.data_position + t.tasks_per_step
+        data_position = state.data_position + drawn
         record = dataclasses.replace(state.record, tokens_seen=state.record.tokens_seen + int(stats["tokens"]))
         self.compile_history.append(sum(self.compile_counts().values()))
         last = {f"train/{k}": v for k, v in m.items()} | {f"rollout/{k}": v for k, v in stats.items()}
@@ -280,7 +308,14 @@ class Trainer:
     def after_step(self, state: TrainState, m: dict) -> None:
         """The hooks of a finished step: log, progress, the non-finite guard, evaluation, checkpoint."""
         t, last, done = self.t, state.record.last, state.step
+        flag = self.health.observe(done, float(last["rollout/success"]), int(last["train/groups_with_signal"]),
+                                   float(last["rollout/invalid_rate"]))
+        state.record.health = self.health.to_dict()
+        last["health/dead"] = int(self.health.dead)
         self.logger.write(done, last)
+        if flag is not None:  # said loudly, once per kind; the run goes on (the study checks verdicts without it)
+            self.bar.write(f"bmrl train: WARNING: {self.out}: the run has lost its signal: dead since step "
+                           f"{flag.step}: {flag.reason}.")
         self.bar.update(success=float(last["rollout/success"]), tok_s=float(last["perf/tokens_per_s"]),
                         loss=float(m["loss"]))
         if int(m["consecutive_skips"]) >= t.max_nonfinite:
@@ -337,6 +372,7 @@ class Trainer:
             "eval_compiles": sum(e.trace_count() for e in self.evaluators.values()),
             "compile_history": self.compile_history,
             "skipped_updates": int(rec.last.get("train/skipped_total", 0)) if rec.last else 0,
+            "health": self.health.to_dict(),
             "tokens_seen": rec.tokens_seen,
             "final": {k: to_scalar(v) for k, v in rec.last.items()},
             "eval": {str(T): {"pass1": p, "se": se} for T, (p, se) in final_eval.items()},
@@ -397,6 +433,10 @@ def train(cfg, *, progress: bool | None = None, run: Run | None = None,
         loop.close()
     summary = loop.finish(state, tok, wall0)
     rundir.write_json("summary.json", summary)
+    if loop.health.dead and jax.process_index() == 0:
+        print(f"bmrl train: WARNING: {out} finished {t.steps} steps as a dead run ({loop.health.describe()}); "
+              "its summary.json says so under 'health'. Lower train.optim.lr, add train.optim.warmup_steps or "
+              "train.oversample (docs/training_stability.md).", file=sys.stderr, flush=True)
     return summary
 
 
@@ -416,4 +456,4 @@ def _log_faults(out: str, step: int, faults: list, tasks: list) -> None:
                                  "message": x.message}, default=str) + "\n" for x in faults)
 
 
-__all__ = ["NonFiniteError", "RunRecord", "TrainState", "Trainer", "make_evaluator", "tasks_at", "train"]
+__all__ = ["NonFiniteError", "RunRecord", "TrainState", "Trainer", "make_evaluator", "select_groups", "tasks_at", "train"]

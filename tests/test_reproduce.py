@@ -199,3 +199,49 @@ def test_report_reads_each_finding_once(tmp_path, scripted):
         bars = iv[f"paired_trained_{kind}_accuracy"]["mean"] - iv[f"paired_base_{kind}_accuracy"]["mean"]
         assert bars == pytest.approx(iv[d]["mean"])
     assert iv["delta_recovery_accuracy"]["lower"] > 0 and "the difference of the bars is F2's dClean" in report
+
+
+def test_planted_dead_run_is_listed_and_each_verdict_checked_without_it(tmp_path, scripted):
+    """Three seeds of known effects (BudgetMix = the oracle: F3 as_study). A dead BudgetMix run planted in
+    seed 2: report.md and summary.json list it; F3 holds without it (seeds 0, 1 alone agree), F1 and F2 read
+    no dead run. A control where the dead run carries the verdict: BudgetMix no better than the base in seeds
+    0 and 1, the oracle only in the dead seed 2: F3 changes without it (inconclusive -> opposite), and says so."""
+    from bmrl.reproduce import _render
+    from bmrl.study.findings import pool, study_findings, unit_metrics, without_dead_runs
+
+    cfg = load("configs/quickstart.yaml", [f"out_dir={tmp_path}", "eval.ts=[4,5,8]", "eval.ks=[1,4]", "eval.attempts=4",
+                                           "eval.num_tasks=24", "eval.bootstrap=200", "reproduce.seeds=[0,1,2]"])
+    names = list(scripted)
+    units = {n: unit_metrics(r) for n, r in scripted.items()}
+    pair = {n: scripted[n] for n in (BASE, "fixed_long")}
+    reason = "no group's rewards differed for 5 steps in a row"
+    health = {(s, n): {} for s in (0, 1, 2) for n in names[1:]}
+    health[(2, "budgetmix")] = {"dead": True, "still_at_end": True,
+                                "flags": [{"kind": "no_signal", "step": 3, "reason": reason}]}
+    s = _render(cfg, names, [units] * 3, [pair] * 3, (1, 4), (4, 5, 8), [], {}, health)
+    f = s["findings"]
+    assert s["dead_runs"] == [{"seed": 2, "variant": "budgetmix", "flags": health[(2, "budgetmix")]["flags"],
+                               "still_at_end": True}]
+    w3 = f["F3"]["without_dead_runs"]
+    assert f["F3"]["verdict"] == "as_study" and w3["holds"] is True and w3["seeds_without"] == [0, 1]
+    assert w3["dead_runs"] == [{"seed": 2, "variant": "budgetmix", "reason": reason}]
+    assert "It holds without the dead run(s) (seed 2 budgetmix): on seeds 0, 1 alone" in s["sentences"][2]
+    for k in ("F1", "F2"):
+        assert f[k]["without_dead_runs"]["dead_runs"] == [] and "None of the runs it reads is dead." in f[k]["sentence"]
+    report = (tmp_path / "report.md").read_text()
+    assert "## Runs that lost their signal" in report and "1 of the 9 RL runs lost their signal" in report
+    assert f"- seed 2 `budgetmix`: dead since step 3: {reason}" in report
+    assert json.loads((tmp_path / "summary.json").read_text())["dead_runs"] == s["dead_runs"]
+
+    # The control: the verdict rests on the dead run.
+    per_seed = [{**units, "budgetmix": units[BASE]}] * 2 + [units]
+    study = study_findings(pool(per_seed, names), [pair] * 3, names, (1, 4), (4, 5, 8), cfg.reproduce, 200)
+    checked = without_dead_runs(study, {(2, "budgetmix"): reason}, [0, 1, 2], per_seed, [pair] * 3, names, (1, 4),
+                                (4, 5, 8), cfg.reproduce, 200)
+    w3 = checked.f3.facts["without_dead_runs"]
+    assert (checked.f3.verdict.verdict, w3["verdict_without"], w3["holds"]) == ("inconclusive", "opposite", False)
+    assert "It does not hold without the dead run(s) (seed 2 budgetmix): on seeds 0, 1 alone the verdict is opposite." \
+        in checked.f3.sentence()
+    every = without_dead_runs(study, {(s, "fixed_long"): reason for s in (0, 1, 2)}, [0, 1, 2], per_seed, [pair] * 3,
+                              names, (1, 4), (4, 5, 8), cfg.reproduce, 200)
+    assert every.f1.facts["without_dead_runs"]["holds"] is None and "rests on dead runs" in every.f1.sentence()

@@ -205,6 +205,45 @@ def test_nonfinite_update_is_skipped_and_counted():
     assert step_lib.consecutive_skips(s) == 2
 
 
+def test_adam_keeps_moving_the_weights_on_zero_gradients():
+    """The mechanism behind runs that kept drifting after every group went constant (docs/training_stability.md):
+    plain AdamW steps on a zero gradient by lr * m_hat / sqrt(v_hat), independent of the last gradient's size."""
+    lr, b1, b2 = 1e-2, 0.9, 0.999
+    tx = make_optimizer(lr, total_steps=100, schedule="constant", b1=b1, b2=b2, max_grad_norm=None)
+    params = {"w": jnp.ones((3,))}
+    state = tx.init(params)
+    u, state = tx.update({"w": jnp.array([1.0, -2.0, 0.5])}, state, params)
+    params = optax.apply_updates(params, u)
+    for k in range(1, 21):
+        u, state = tx.update({"w": jnp.zeros(3)}, state, params)
+        m_hat = b1 ** k * (1 - b1) / (1 - b1 ** (k + 1))
+        v_hat = b2 ** k * (1 - b2) / (1 - b2 ** (k + 1))
+        np.testing.assert_allclose(np.asarray(u["w"]), -lr * m_hat / np.sqrt(v_hat) * np.array([1, -1, 1]), rtol=1e-4)
+        params = optax.apply_updates(params, u)
+    # 20 empty steps moved each weight by 4.4 real steps' worth (lr each), all in the last real step's direction.
+    assert 4.3 * lr < float(params["w"][0] - 1.0) * -1 - lr < 4.5 * lr
+
+
+def test_batch_without_signal_changes_nothing():
+    """Every group's rewards equal (so every advantage 0), several steps in a row, right after a real step
+    (Adam's moments non-zero): parameters and optimizer state stay bitwise as they were, and it is counted."""
+    model = tiny_model()
+    graphdef, params = nnx.split(model)
+    tx = make_optimizer(1e-2, total_steps=10)
+    opt_state = step_lib.init_opt_state(tx, params)
+    update = step_lib.make_update(graphdef, tx, train_cfg(epochs=2, minibatches=2), 1.0, donate=False)
+    tr = on_policy_traj(model)
+    params, opt_state, m = update(params, opt_state, None, tr, jax.random.key(0))
+    assert m["no_signal_updates"] == 0 and m["groups_with_signal"] == 1
+    reward = jnp.zeros_like(tr.reward).at[:4, -1].set(1.0)  # group 0 all succeed, group 1 all fail
+    dead = tr.replace(reward=reward, success=reward[:, -1] > 0)
+    before = flat((params, opt_state))
+    for i in range(3):
+        params, opt_state, m = update(params, opt_state, None, dead, jax.random.key(i + 1))
+        assert m["no_signal_updates"] == 4 and m["groups_with_signal"] == 0 and m["skipped_updates"] == 0
+    np.testing.assert_array_equal(flat((params, opt_state)), before)
+
+
 def test_update_compiles_once_and_donates():
     model = tiny_model()
     graphdef, params = nnx.split(model)
@@ -285,6 +324,55 @@ def test_compile_count_constant_whatever_budgets(tmp_path):
         traj = run(params, tasks, caps, jax.random.key(i), Injection.none(rcfg.max_turns))
         params, opt_state, _ = update(params, opt_state, None, traj, jax.random.key(i))
     assert run.trace_count() == 1 and update.trace_count() == 1
+
+
+def test_select_groups_keeps_groups_with_signal_first():
+    """Dynamic sampling: of 2 groups of 4 keep 1; the group whose rewards differ wins wherever it is."""
+    from bmrl.train import select_groups
+
+    tr = fake_traj(0)
+    for signal_group in (0, 1):
+        r = np.zeros((B, TM), np.float32)
+        r[signal_group * 4, -1] = 1.0  # one success in that group; the other group all 0
+        t = tr.replace(reward=jnp.asarray(r))
+        got = select_groups(t, group_size=4, keep=1)
+        np.testing.assert_array_equal(np.asarray(got.tokens), np.asarray(tr.tokens)[signal_group * 4:(signal_group + 1) * 4])
+        assert np.asarray(got.outcome_reward).tolist() == [1.0, 0.0, 0.0, 0.0]
+    both = select_groups(tr.replace(reward=jnp.zeros((B, TM))), group_size=4, keep=2)  # none: stream order
+    np.testing.assert_array_equal(np.asarray(both.tokens), np.asarray(tr.tokens))
+
+
+def test_planted_dead_run_is_flagged_in_log_metrics_and_summary(tmp_path, monkeypatch, capsys):
+    """Every reward the update sees is 0 (a run whose rollouts all fail): after train.dead_after
+    steps in a row the run says it is dead on stderr, in metrics.jsonl and in summary.json, and its
+    parameters stop changing (no update is taken without signal). Dynamic sampling plays 3 tasks a step."""
+    from bmrl.train import train
+
+    real = step_lib.make_update
+
+    def poisoned(*args, **kwargs):
+        upd = real(*args, **kwargs)
+
+        def run(params, opt_state, ref, traj, key):
+            traj = traj.replace(reward=jnp.zeros_like(traj.reward))
+            return upd(params, opt_state, ref, traj, key)
+
+        run.trace_count = upd.trace_count
+        return run
+
+    monkeypatch.setattr(step_lib, "make_update", poisoned)
+    cfg = tiny_cfg(tmp_path, train={"steps": 5, "minibatches": 1, "dead_after": 3, "oversample": 1},
+                   checkpoint={"every": 5, "keep": 1}, eval={"every": 0})
+    summary = train(cfg, progress=False, evaluate=False)
+    err = capsys.readouterr().err
+    assert "the run has lost its signal: dead since step 1" in err and "finished 5 steps as a dead run" in err
+    h = summary["health"]
+    assert h["dead"] and h["still_at_end"] and [(f["kind"], f["step"]) for f in h["flags"]] == [("no_signal", 1)]
+    assert json.loads((tmp_path / "summary.json").read_text())["health"] == h
+    records = [json.loads(line) for line in open(tmp_path / "metrics.jsonl") if "health/dead" in line]
+    assert [r["health/dead"] for r in records] == [0, 0, 1, 1, 1]
+    assert [r["train/no_signal_updates"] for r in records] == [1, 1, 1, 1, 1]
+    assert [r["data_position"] for r in records] == [3, 6, 9, 12, 15]  # tasks_per_step 2 + oversample 1
 
 
 def test_nonfinite_run_stops_with_message_and_clean_checkpoints(tmp_path, monkeypatch, capsys):

@@ -152,6 +152,9 @@ class TrainCfg:
     process_coef: float = 0.0  # weight of progress-delta (process) advantages; 0 = outcome only
     gamma: float = 1.0  # discount of per-turn process rewards, in (0, 1]
     max_nonfinite: int = 5  # stop after this many non-finite updates in a row
+    oversample: int = 0  # dynamic sampling (DAPO): roll out this many extra tasks' groups per step and train on tasks_per_step of them, those whose rewards differ first (0 = off)
+    dead_after: int = 5  # flag the run as dead (log, summary.json, the study's report) after this many steps in a row without signal or with a raised invalid-action rate (bmrl.learn.health; 0 = off)
+    dead_invalid_rise: float = 0.3  # an invalid-action rate at least this far above the run's first step counts toward dead_after
     remat: bool = False  # recompute decoder layers in the backward pass (less activation memory)
     microbatches: int = 1  # gradient accumulation: micro-batches per minibatch; must divide its rows
     f32_master: bool = False  # keep a float32 copy of the parameters in the optimizer (for param_dtype=bfloat16)

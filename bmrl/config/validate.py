@@ -363,7 +363,8 @@ def validate(cfg: Config) -> None:
     _check_env(cfg, max(_cap_range(b)[1], max(e.ts)))
     t = cfg.train
     _positive(t, "train", ("tasks_per_step", "group_size", "epochs", "minibatches", "max_nonfinite"))
-    _positive(t, "train", ("steps",), minimum=0)
+    _positive(t, "train", ("steps", "oversample", "dead_after"), minimum=0)
+    _in_range("train.dead_invalid_rise", t.dead_invalid_rise, 0, 1, lo_open=True)
     _one_of("train.advantage", t.advantage, tuple(ADVANTAGES))
     _one_of("train.loss", t.loss, tuple(LOSSES))
     _one_of("train.aggregation", t.aggregation, AGGREGATIONS)

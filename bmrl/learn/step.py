@@ -11,7 +11,8 @@ One `jax.jit` holds the whole update, PureJaxRL style:
         for minibatch (lax.scan):
             logp, entropy = full forward of the minibatch's tokens (logits / temperature)
             loss = loss_fn(logp, traj.logprobs, A, loss_mask, logp_ref, entropy)
-            params, opt_state = optimizer step (skipped, and counted, when non-finite)
+            params, opt_state = optimizer step (skipped, and counted, when non-finite;
+                                not taken when every advantage of the minibatch is 0)
 
 Memory options (cfg.remat, cfg.microbatches; see `bmrl.memory`): decoder layers recomputed in the
 backward pass, and each minibatch's gradient accumulated over micro-batches (weighted so the sum
@@ -173,8 +174,9 @@ def make_update(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformationE
             loss, m, grads = grads_of(p, data)
             grad_norm = optax.tree.norm(grads)
             updates, s_new = optimizer.update(grads, s, p, loss=loss)
-            p, s = keep_finite(p, s, optax.apply_updates(p, updates), s_new, loss, grad_norm)
-            m = dict(m, grad_norm=grad_norm, skipped=skip_counts(s)["consecutive_skips"] > 0,
+            p_new, s_new, signal = keep_if_signal(p, s, optax.apply_updates(p, updates), s_new, data["adv"])
+            p, s = keep_finite(p, s, p_new, s_new, loss, grad_norm)  # a non-finite loss is counted, signal or not
+            m = dict(m, grad_norm=grad_norm, skipped=skip_counts(s)["consecutive_skips"] > 0, no_signal=~signal,
                      touched=jnp.zeros((batch,), jnp.int32).at[idx].add(1))
             return (p, s), m
 
@@ -186,11 +188,14 @@ def make_update(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformationE
         counts = skip_counts(opt_state)
         touched = ms.pop("touched").sum(axis=(0, 1))  # [B] times each row was trained on
         skipped = ms.pop("skipped")
+        no_signal = ms.pop("no_signal")
         metrics = {k: jnp.mean(v) for k, v in ms.items()}  # mean over epochs x minibatches
         metrics.update(
             ratio_max=jnp.max(ms["ratio_max"]),
             num_tokens=jnp.sum(ms["num_tokens"]) / epochs,
             skipped_updates=skipped.sum().astype(jnp.int32),  # non-finite minibatch steps skipped here
+            no_signal_updates=no_signal.sum().astype(jnp.int32),  # minibatch steps with every advantage 0: not taken
+            groups_with_signal=groups_with_signal(traj.outcome_reward, cfg.group_size),
             skipped_total=counts["total_skips"],
             consecutive_skips=counts["consecutive_skips"],
             rows_trained_min=touched.min(),
@@ -258,6 +263,29 @@ def keep_finite(params: Any, state: Any, new_params: Any, new_state: Any, loss: 
     return jax.lax.cond(ok, lambda: (new_params, new_state), lambda: (params, skipped))
 
 
+def keep_if_signal(params: Any, state: Any, new_params: Any, new_state: Any,
+                   adv: jax.Array) -> tuple[Any, Any, jax.Array]:
+    """(new_params, new_state, True) when any advantage of the minibatch is non-zero, else (params, state,
+    False): a minibatch that carries no signal (every group's rewards equal) changes nothing.
+
+    Without this guard Adam still steps on a zero gradient: its update m / (sqrt(v) + eps) decays as
+    b1^k / sqrt(b2^k) (0.9^k / 0.9995^k), so after the last real step the weights keep moving in its
+    direction, about 1 / (1 - b1) = 10 real steps' worth in all, while nothing in the batch asks for it
+    (docs/training_stability.md). The moments and Adam's step count stay as they were too, so the next
+    batch with signal is stepped as if the empty ones had not happened. A KL or entropy term alone is
+    not signal: with `train.kl_coef > 0` such a minibatch is skipped as well."""
+    signal = jnp.any(adv != 0)
+    p, s = jax.lax.cond(signal, lambda: (new_params, new_state), lambda: (params, state))
+    return p, s, signal
+
+
+def groups_with_signal(rewards: jax.Array, group_size: int) -> jax.Array:
+    """rewards: [B] (task-major groups of `group_size`) -> int32: the groups whose rewards are not all
+    equal, the only ones an outcome advantage can learn from."""
+    r = rewards.reshape(-1, group_size)
+    return jnp.sum(jnp.any(r != r[:, :1], axis=1)).astype(jnp.int32)
+
+
 def init_opt_state(optimizer: optax.GradientTransformation, params: Any) -> Any:
     """`optimizer.init(params)` with every leaf in its own buffer, so the state can be donated
     (optax states may share one zeros array between counters, which donation refuses)."""
@@ -275,8 +303,10 @@ __all__ = [
     "accumulate_grads",
     "compute_advantages",
     "consecutive_skips",
+    "groups_with_signal",
     "init_opt_state",
     "keep_finite",
+    "keep_if_signal",
     "make_update",
     "policy_token_logprobs",
     "sequence_mask",

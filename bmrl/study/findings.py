@@ -28,7 +28,7 @@ from bmrl.eval.bootstrap import Interval, bootstrap_mean, bootstrap_stat, mean_i
 from bmrl.eval.decompose import decision_accuracy_per_task, recovery_per_task
 from bmrl.eval.saved import SavedEval
 from bmrl.eval.states import paired_state_counts, state_accuracy_counts
-from bmrl.study.verdicts import Verdict, f1_verdict, f2_verdict, f3_verdict
+from bmrl.study.verdicts import DEAD_RUN_RULE, Verdict, f1_verdict, f2_verdict, f3_verdict
 
 BASE = "base"
 GROUPS = "_groups"  # pooled[GROUPS][metric]: the seed of each unit (two-level bootstrap)
@@ -62,7 +62,8 @@ class Finding:
         return self.verdict.finding
 
     def sentence(self) -> str:
-        return self.verdict.sentence()
+        """The verdict's sentence, then (in a study with dead runs) whether it holds without them."""
+        return self.verdict.sentence() + _without_sentence(self.facts.get("without_dead_runs"))
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: the verdict (rule, reason), its sentence, every interval and the facts."""
@@ -85,6 +86,23 @@ def _intervals(values: np.ndarray, names: Sequence[str], groups, key: int, num_r
 
 def _curve(ivs: Mapping[str, Interval], names: Sequence[str]) -> Curve:
     return tuple(np.array([getattr(ivs[n], a) for n in names]) for a in ("mean", "lower", "upper"))  # type: ignore[return-value]
+
+
+def _without_sentence(info: Mapping[str, Any] | None) -> str:
+    """What `without_dead_runs` found, in one sentence ('' when the study has no dead run)."""
+    if not info or not info.get("study_has_dead_runs"):
+        return ""
+    runs = info["dead_runs"]
+    if not runs:
+        return " None of the runs it reads is dead."
+    named = ", ".join(f"seed {r['seed']} {r['variant']}" for r in runs)
+    if info["holds"] is None:
+        return f" It cannot be checked without the dead run(s) ({named}): every seed has one, so it rests on dead runs."
+    seeds = ", ".join(str(x) for x in info["seeds_without"])
+    if info["holds"]:
+        return f" It holds without the dead run(s) ({named}): on seeds {seeds} alone the verdict is the same."
+    return (f" It does not hold without the dead run(s) ({named}): on seeds {seeds} alone the verdict is "
+            f"{info['verdict_without']}.")
 
 
 # ---- F1 ----------------------------------------------------------------------------------------
@@ -341,6 +359,40 @@ def study_findings(pooled: dict, seed_results: list[dict], names: Sequence[str],
     levels = {n: {m: mean_interval(pooled[n][m], groups=g.get(m), key=12, **boot) for m in LEVELS if m in pooled[n]}
               for n in names}
     return Study(f1, f2, f3, levels)
+
+
+def finding_runs(rep) -> dict[str, tuple[str, ...]]:
+    """The RL variants whose runs each finding of `bmrl reproduce` reads (the base is SFT, not RL)."""
+    return {"F1": (rep.generous,), "F2": (rep.generous,), "F3": (rep.budgetmix, rep.generous, rep.tight)}
+
+
+def without_dead_runs(study: Study, dead: Mapping[tuple[int, str], str], seeds: Sequence[int], per_seed: list[dict],
+                      seed_results: list[dict], names: Sequence[str], ks, ts, rep, resamples: int) -> Study:
+    """`study` with each finding's `facts["without_dead_runs"]`: whether its verdict holds without the dead
+    RL runs (`dead`: {(seed, variant): reason}), by `DEAD_RUN_RULE`: the finding measured again on the seeds
+    where none of the runs it reads is dead (`study_findings` on those seeds' units) and its verdict compared."""
+    seeds = [int(x) for x in seeds]
+    again: dict[tuple[int, ...], Study] = {}
+    out = {}
+    for f in study.findings:
+        reads = finding_runs(rep)[f.name]
+        runs = [{"seed": s, "variant": v, "reason": dead[(s, v)]} for s in seeds for v in reads if (s, v) in dead]
+        keep = [i for i, s in enumerate(seeds) if not any((s, v) in dead for v in reads)]
+        info: dict[str, Any] = {"study_has_dead_runs": bool(dead), "dead_runs": runs, "rule": DEAD_RUN_RULE,
+                                "seeds_without": [seeds[i] for i in keep]}
+        if not runs:
+            info.update(verdict_without=f.verdict.verdict, holds=True)
+        elif not keep:
+            info.update(verdict_without=None, holds=None)
+        else:
+            if tuple(keep) not in again:
+                again[tuple(keep)] = study_findings(pool([per_seed[i] for i in keep], list(names)),
+                                                    [seed_results[i] for i in keep], names, ks, ts, rep, resamples)
+            g = {x.name: x for x in again[tuple(keep)].findings}[f.name]
+            info.update(verdict_without=g.verdict.verdict, holds=g.verdict.verdict == f.verdict.verdict,
+                        intervals_without=_as_dict(g.intervals))
+        out[f.name] = dataclasses.replace(f, facts={**f.facts, "without_dead_runs": info})
+    return dataclasses.replace(study, f1=out["F1"], f2=out["F2"], f3=out["F3"])
 
 
 def compare_findings(base, trained, *, num_resamples: int = 1000, confidence: float = 0.95) -> dict[str, Finding]:

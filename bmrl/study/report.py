@@ -108,9 +108,10 @@ def base_description(cfg: Config, study: Study | None = None) -> str:
 
 
 def report_md(cfg: Config, env: str, sentences, table_md, figures, seed_reports, wall, seeds, units,
-              study: Study | None = None, seeds_md: str = "", suites_md: str = "", missing: list[str] | None = None) -> str:
-    """report.md of the study: setup, findings (verdict sentences, then what was measured), per-seed
-    values, the summary table, figures and links to the per-seed reports. `env`: the env as named."""
+              study: Study | None = None, seeds_md: str = "", suites_md: str = "", missing: list[str] | None = None,
+              dead_md: list[str] | None = None) -> str:
+    """report.md of the study: setup, findings (verdict sentences, then what was measured), the runs that
+    lost their signal (`dead_md`), per-seed values, the summary table, figures and links to the per-seed reports. `env`: the env as named."""
     rep = cfg.reproduce
     variants = ", ".join(f"`{n}`: {make_budget(b).describe()}"
                          + (f" + process reward (train.process_coef={rep.process[n]})" if n in rep.process else "")
@@ -140,6 +141,7 @@ def report_md(cfg: Config, env: str, sentences, table_md, figures, seed_reports,
         "## Findings",
         "",
         *[s + "\n" for s in sentences],
+        *(dead_md or []),
         *(["## Per seed", "", "Each training seed's own values (means over its tasks, no intervals):", "", seeds_md, ""]
           if seeds_md else []),
         "## Summary",

@@ -38,6 +38,10 @@ RULES = {
            "measure's interval is above 0 and none is below 0; opposite if against some fixed budget at least "
            "one is below 0 and none is above 0; else inconclusive."),
 }
+DEAD_RUN_RULE = ("A verdict holds without the dead runs (RL runs flagged by bmrl.learn.health.RULE) when the same "
+                 "finding, measured again on the seeds in which none of the RL runs it reads is dead (F1, F2: the "
+                 "generous-budget run; F3: BudgetMix and both fixed budgets), gets the same verdict; when every seed "
+                 "has such a dead run it cannot be checked, and the verdict rests on dead runs.")
 CLAIMS = {
     "F1": "RL's gain shrinks when the turn budget is tight",
     "F2": "RL improves recovery after errors more than decisions in clean states",
