@@ -29,3 +29,19 @@ def test_program_builds_once_per_key_and_tells_colliding_keys_apart():
     b = compiles.program("test_program", (_Collide(2), "x"), build("b"))  # same hash, different key: built
     other_name = compiles.program("other_program", (_Collide(1), "x"), build("c"))  # the name is part of the key
     assert (a, b, other_name) == ("a", "b", "c") and builds == ["a", "b", "c"]
+
+
+def test_release_drops_programs_and_jax_executables_but_keeps_counts():
+    """What `bmrl reproduce` calls between stages: the next use builds and compiles again (from the disk
+    cache in a real run), the trace counters keep counting."""
+    import jax.numpy as jnp
+
+    builds = []
+    compiles.program("test_release", 1, lambda: builds.append(1) or "p")
+    f = compiles.counted_jit(lambda x: x + 1, name="test_release_jit")
+    f(jnp.ones(3))
+    before = compiles.counts()["test_release_jit"]
+    compiles.release()
+    compiles.program("test_release", 1, lambda: builds.append(2) or "p")
+    f(jnp.ones(3))  # the same function and shape: traced again, since JAX's caches were cleared
+    assert builds == [1, 2] and compiles.counts()["test_release_jit"] == before + 1

@@ -166,6 +166,9 @@ def test_report_figures_and_tables(tiny_run):
     assert suites["disjoint_by"] == "seed" and suites["overlap"] > 0
     assert f"{suites['overlap']} of the {suites['test']} test tasks repeat a training level" in report
     assert (out / "data").is_dir() and not any((out / "seed0").glob("*/data"))  # one stored suite for all stages
+    n_runs = len(seeds) * 3  # two steps each: shorter than train.dead_after, no run can be flagged
+    assert summary["dead_runs"] == [] and f"None of the {n_runs} RL runs lost its signal. Rule: A run is dead" in report
+    assert "without the dead run" not in report  # no verdict sentence speaks of dead runs when there are none
     for seed_report in re.findall(r"\]\((seed\d+/eval/report\.md)\)", report):
         gfm_tables((out / seed_report).read_text())
 
