@@ -268,10 +268,10 @@ def keep_if_signal(params: Any, state: Any, new_params: Any, new_state: Any,
     """(new_params, new_state, True) when any advantage of the minibatch is non-zero, else (params, state,
     False): a minibatch that carries no signal (every group's rewards equal) changes nothing.
 
-    Without this guard Adam still steps on a zero gradient: its update m / (sqrt(v) + eps) decays as
-    b1^k / sqrt(b2^k) (0.9^k / 0.9995^k), so after the last real step the weights keep moving in its
-    direction, about 1 / (1 - b1) = 10 real steps' worth in all, while nothing in the batch asks for it
-    (docs/training_stability.md). The moments and Adam's step count stay as they were too, so the next
+    Without this guard Adam still steps on a zero gradient: its bias-corrected update m_hat / sqrt(v_hat)
+    decays roughly as b1^k * sqrt(k + 1) after the last real step and does not depend on that step's size,
+    so the weights keep moving in its direction, 5.0 real steps' worth in all at Adam's defaults (4.4 in the
+    first 20 empty steps), while nothing in the batch asks for it (docs/training_stability.md). The moments and Adam's step count stay as they were too, so the next
     batch with signal is stepped as if the empty ones had not happened. A KL or entropy term alone is
     not signal: with `train.kl_coef > 0` such a minibatch is skipped as well."""
     signal = jnp.any(adv != 0)
