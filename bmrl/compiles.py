@@ -120,4 +120,3 @@ def release() -> None:
         _PROGRAMS.clear()
     jax.clear_caches()
     gc.collect()
-
