@@ -308,8 +308,8 @@ class Trainer:
     def after_step(self, state: TrainState, m: dict) -> None:
         """The hooks of a finished step: log, progress, the non-finite guard, evaluation, checkpoint."""
         t, last, done = self.t, state.record.last, state.step
-        flag = self.health.observe(done, float(last["rollout/success"]), int(last["train/groups_with_signal"]),
-                                   float(last["rollout/invalid_rate"]))
+        taken = t.epochs * t.minibatches - int(last["train/no_signal_updates"])  # minibatch steps with signal
+        flag = self.health.observe(done, float(last["rollout/success"]), taken > 0, float(last["rollout/invalid_rate"]))
         state.record.health = self.health.to_dict()
         last["health/dead"] = int(self.health.dead)
         self.logger.write(done, last)

@@ -3,12 +3,12 @@ signal says so in its log, its summary and the study's report instead of trainin
 
     health = RunHealth(window=5, invalid_rise=0.3)
     for step, metrics in ...:
-        flag = health.observe(step, success, groups_with_signal, invalid_rate)   # a `Flag` the first time
+        flag = health.observe(step, success, signal, invalid_rate)   # a `Flag` the first time
 
 The rule (`RULE`): a run is **dead** from the first step at which either held over the last `window`
 steps in a row:
-- *no signal*: no group of the rollout batch had rewards that differ (so every advantage was 0 and no
-  update was taken: `bmrl.learn.step.keep_if_signal`), and not every rollout succeeded (a run in which
+- *no signal*: every advantage of the batch was 0, so no update was taken (`bmrl.learn.step.keep_if_signal`;
+  with outcome rewards alone: no group's rewards differed), and not every rollout succeeded (a run in which
   every rollout succeeds has nothing left to learn; it is *saturated*, not dead);
 - *invalid actions*: the invalid-action rate of each of those steps was at least `invalid_rise` above
   the run's first step (the starting policy's own rate).
@@ -21,9 +21,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-RULE = ("A run is dead from the first step at which, for `train.dead_after` steps in a row, either no group of the "
-        "rollout batch had rewards that differ while not every rollout succeeded (no signal: every advantage 0, no "
-        "update taken), or the invalid-action rate was at least `train.dead_invalid_rise` above the run's first step.")
+RULE = ("A run is dead from the first step at which, for `train.dead_after` steps in a row, either every advantage "
+        "of the batch was 0 (no group's rewards differed: no update taken) while not every rollout succeeded, or the "
+        "invalid-action rate was at least `train.dead_invalid_rise` above the run's first step.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,15 +60,16 @@ class RunHealth:
     def dead(self) -> bool:
         return bool(self.flags)
 
-    def observe(self, step: int, success: float, groups_with_signal: int, invalid_rate: float) -> Flag | None:
-        """Record step `step`'s rollout success rate, the count of groups whose rewards differ and the
-        invalid-action rate; returns a new `Flag` when the run is flagged at this step (else None)."""
+    def observe(self, step: int, success: float, signal: bool | int, invalid_rate: float) -> Flag | None:
+        """Record step `step`'s rollout success rate, whether its batch carried signal (any advantage not 0;
+        a count of such groups or updates reads as its truth) and the invalid-action rate; returns a new `Flag`
+        when the run is flagged at this step (else None)."""
         self.last_step = int(step)
         if self.first_invalid is None:
             self.first_invalid = float(invalid_rate)
         if self.window == 0:
             return None
-        quiet = int(groups_with_signal) == 0
+        quiet = not signal
         if quiet and float(success) >= 1.0:
             self.saturated_steps += 1
         self.no_signal_run = self.no_signal_run + [int(step)] if quiet and float(success) < 1.0 else []
@@ -77,7 +78,7 @@ class RunHealth:
         new = []
         if len(self.no_signal_run) >= self.window:
             s = self.no_signal_run
-            new.append(Flag("no_signal", s[0], f"no group's rewards differed (every advantage 0, no update taken) "
+            new.append(Flag("no_signal", s[0], f"every advantage was 0 (no group's rewards differed, no update taken) "
                                                f"for {len(s)} steps in a row, steps {s[0]}-{s[-1]}, rollout success "
                                                f"{float(success):.3f} at step {step}"))
         if len(self.high_invalid_run) >= self.window:
