@@ -38,7 +38,7 @@ from bmrl import compiles
 from bmrl.config import Config, build, check_reproduce, to_dict
 from bmrl.rundir import RunDir
 from bmrl.study.findings import BASE, GROUPS, pool, study_findings, unit_metrics, without_dead_runs
-from bmrl.study.report import finding_sentences, per_seed_table, report_md, summary_table
+from bmrl.study.report import dead_runs_md, finding_sentences, per_seed_table, report_md, summary_table
 
 # ---- configs of the stages ------------------------------------------------------------------------
 
@@ -185,20 +185,6 @@ def dead_runs(health: dict[tuple[int, str], dict]) -> list[dict]:
             for (seed, name), h in health.items() if h.get("dead")]
 
 
-def _dead_runs_md(runs: list[dict], total: int) -> list[str]:
-    """report.md's section on dead runs: every one listed, or a line saying there were none."""
-    from bmrl.learn.health import RULE
-
-    head = ["## Runs that lost their signal", ""]
-    if not runs:
-        return head + [f"None of the {total} RL runs lost its signal. Rule: {RULE}", ""]
-    lines = [f"- seed {r['seed']} `{r['variant']}`: " + "; ".join(f"dead since step {f['step']}: {f['reason']}"
-                                                               for f in r["flags"])
-             + ("" if r["still_at_end"] else " (it no longer held at the last step)") for r in runs]
-    return head + [f"{len(runs)} of the {total} RL runs lost their signal; each verdict above says whether it holds "
-                   f"without them. Rule: {RULE}", "", *lines, ""]
-
-
 def _render(cfg: Config, names: list[str], per_seed: list[dict], seed_results: list[dict], ks, ts,
             seed_reports: list[str], stage_times: dict, health: dict[tuple[int, str], dict] | None = None) -> dict:
     """Findings, verdicts, table, figures, report.md and summary.json from the per-seed results; `health`:
@@ -225,7 +211,7 @@ def _render(cfg: Config, names: list[str], per_seed: list[dict], seed_results: l
     missing = not_measured(cfg)
     report = report_md(cfg, env_name(cfg), sentences + ["Measured:"] + details, table_md, figures, seed_reports, wall, len(rep.seeds),
                        pooled[BASE]["surface"].shape[0], study, seeds_md, suite_line(suites), missing,
-                       _dead_runs_md(dead, len(rep.seeds) * len(rep.variants)))
+                       dead_runs_md(dead, len(rep.seeds) * len(rep.variants)))
     run_dir = RunDir(out)
     run_dir.write_text("report.md", report)
     summary = {"findings": study.to_dict(), "sentences": sentences, "details": details, "table": table, "wall_time_s": wall,

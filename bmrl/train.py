@@ -55,6 +55,7 @@ from bmrl.checkpoint import CheckpointMismatch, Checkpointer, key_data
 from bmrl.distributed import TRANSFERS, process_info, to_host, warm_collectives
 from bmrl.eval.run import evaluate_config
 from bmrl.learn import optimizer_from_config
+from bmrl.learn.advantages import group_has_signal
 from bmrl.learn.health import RunHealth
 from bmrl.learn import step as step_lib
 from bmrl.metrics import MetricsLogger, Progress, read_jsonl, to_scalar, write_jsonl_atomic
@@ -126,8 +127,7 @@ def select_groups(traj, *, group_size: int, keep: int):
     """Dynamic sampling (DAPO's group filter, by data in a static shape): the first `keep` task groups of
     `traj` (rows task-major, `group_size` each) whose rewards differ, then, to fill the batch, the first
     groups whose rewards are all equal (they add no gradient). Returns a Trajectory of keep * group_size rows."""
-    r = traj.outcome_reward.reshape(-1, group_size)
-    signal = jnp.any(r != r[:, :1], axis=1)  # [groups]
+    signal = group_has_signal(traj.outcome_reward, group_size)  # [groups]
     order = jnp.argsort((~signal).astype(jnp.int32), stable=True)[:keep]  # groups with signal first, each kind in stream order
     rows = (order[:, None] * group_size + jnp.arange(group_size)[None, :]).reshape(-1)
     return jax.tree.map(lambda x: x[rows], traj)

@@ -43,6 +43,13 @@ def _grouped(rewards: Array, group_size: int) -> Array:
     return rewards.astype(jnp.float32).reshape(-1, group_size)
 
 
+def group_has_signal(rewards: Array, group_size: int) -> Array:
+    """rewards: [B] (task-major groups) -> bool[groups]: the groups whose rewards are not all equal, the
+    only ones an outcome advantage is non-zero in (every estimator here gives a constant group exactly 0)."""
+    r = _grouped(rewards, group_size)
+    return jnp.any(r != r[:, :1], axis=1)
+
+
 def _centred(r: Array) -> Array:
     """r: [groups, G] minus each group's mean, exactly 0 for a group of identical rewards.
 

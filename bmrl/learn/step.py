@@ -37,7 +37,8 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from bmrl.learn.advantages import combine_advantages, get_advantage, process_advantages, token_advantages
+from bmrl.learn.advantages import (combine_advantages, get_advantage, group_has_signal, process_advantages,
+                                   token_advantages)
 from bmrl.learn.logprobs import chunked_token_logprobs, token_logprobs_and_entropy
 from bmrl.learn.losses import get_loss
 from bmrl.compiles import counted_jit
@@ -282,8 +283,7 @@ def keep_if_signal(params: Any, state: Any, new_params: Any, new_state: Any,
 def groups_with_signal(rewards: jax.Array, group_size: int) -> jax.Array:
     """rewards: [B] (task-major groups of `group_size`) -> int32: the groups whose rewards are not all
     equal, the only ones an outcome advantage can learn from."""
-    r = rewards.reshape(-1, group_size)
-    return jnp.sum(jnp.any(r != r[:, :1], axis=1)).astype(jnp.int32)
+    return jnp.sum(group_has_signal(rewards, group_size)).astype(jnp.int32)
 
 
 def init_opt_state(optimizer: optax.GradientTransformation, params: Any) -> Any:

@@ -9,6 +9,7 @@ import os
 
 
 from bmrl.config import Config, make_budget
+from bmrl.learn.health import RULE
 from bmrl.eval import markdown
 from bmrl.study.findings import BASE, LEVELS, Study, f2_point
 
@@ -105,6 +106,18 @@ def base_description(cfg: Config, study: Study | None = None) -> str:
                      f"{r} right after an error")
     return made
 
+
+
+def dead_runs_md(runs: list[dict], total: int) -> list[str]:
+    """report.md's section on dead runs: every one listed, or a line saying there were none."""
+    head = ["## Runs that lost their signal", ""]
+    if not runs:
+        return head + [f"None of the {total} RL runs lost its signal. Rule: {RULE}", ""]
+    lines = [f"- seed {r['seed']} `{r['variant']}`: " + "; ".join(f"dead since step {f['step']}: {f['reason']}"
+                                                               for f in r["flags"])
+             + ("" if r["still_at_end"] else " (it no longer held at the last step)") for r in runs]
+    return head + [f"{len(runs)} of the {total} RL runs lost their signal; each verdict above says whether it holds "
+                   f"without them. Rule: {RULE}", "", *lines, ""]
 
 
 def report_md(cfg: Config, env: str, sentences, table_md, figures, seed_reports, wall, seeds, units,
