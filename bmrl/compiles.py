@@ -11,7 +11,8 @@ identity.
 `program` builds once per `(name, key)`; the key must be hashable and equal exactly when the built
 program would be the same (static shapes, environment, format, model graph). `counted_jit` wraps
 `jax.jit` so that every trace (= every compile of a new input shape or static argument) adds one to
-`counts()[name]`.
+`counts()[name]`. `compile_seconds()` is the wall time XLA spent compiling in this process (JAX's
+own compile-duration events, every program included: bmrl's and any other `jax.jit`).
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ _LOCK = threading.Lock()
 _PROGRAMS: "collections.OrderedDict[_Key, Any]" = collections.OrderedDict()
 _COUNTS: collections.Counter[str] = collections.Counter()
 MAX_PROGRAMS = 64  # least recently used programs beyond this are dropped (their compiles are kept in counts)
+_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"  # XLA's compile; a persistent-cache hit skips it
+_COMPILE_SECONDS = [0.0]
 
 
 class _Key:
@@ -94,6 +97,23 @@ def counts() -> dict[str, int]:
     """Traces (compiles) per program name since the process started (or the last `reset_counts`)."""
     with _LOCK:
         return dict(_COUNTS)
+
+
+def _on_duration(event: str, seconds: float, **_: Any) -> None:
+    if event == _COMPILE_EVENT:
+        with _LOCK:
+            _COMPILE_SECONDS[0] += seconds
+
+
+jax.monitoring.register_event_duration_secs_listener(_on_duration)
+
+
+def compile_seconds() -> float:
+    """Seconds XLA spent compiling programs in this process since bmrl was imported. A program loaded from
+    the persistent compile cache adds nothing: the difference between two readings is what a stretch of
+    work paid for new programs."""
+    with _LOCK:
+        return _COMPILE_SECONDS[0]
 
 
 def reset_counts() -> None:

@@ -6,13 +6,15 @@
 
 prints lines like `[stage 4/19] seed 2 - RL budgetmix - step 12/30 - eta 14 min`.
 
-ETA rule: every stage of a kind ("sft", "rl", "eval") is expected to take the mean wall time of the
-stages of that kind finished (run, not skipped) so far, or, before one of its kind has finished, the
-mean of all finished stages. Before any stage has finished, the stage under way projects its own
-step progress (`step(n, total)`: elapsed * total / n) and every stage is expected to take that. The ETA
-is what the current stage has left of its expectation (never below 0) plus the expectation of every
-stage not yet started (those that will turn out to be skipped included). With neither a finished stage
-nor a step of the current one it is `eta ?`.
+ETA rule: a stage is expected to cost what the last finished (run, not skipped) stage of its kind
+("sft", "rl", "eval") cost, where that one was the first of its kind less the seconds it spent compiling
+(`bmrl.compiles.compile_seconds`: later stages load those programs from the compile cache). A kind with
+no finished stage yet: the stage under way, if of that kind, projects its own step progress (`step(n,
+total)`: elapsed * total / n); otherwise the cheapest expectation of the kinds seen so far (a stage that
+has not finished cannot say it is cheap); before any stage has finished, the stage under way's own
+projection. The ETA is what the current stage has left of its expectation (never below 0) plus the
+expectation of every stage not yet started (those that will turn out to be skipped included). With
+neither a finished stage nor a step of the current one it is `eta ?`.
 """
 
 from __future__ import annotations
@@ -24,37 +26,54 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from bmrl import compiles
+
 
 class StageProgress:
     """Counts the stages of a run (started or skipped) and writes one line per event."""
 
     def __init__(self, total: int, *, write: Callable[[str], Any] | None = None,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic,
+                 compile_clock: Callable[[], float] = compiles.compile_seconds):
         self.total = int(total)
         self.index = 0
         self.label = ""
         self.kind = ""
         self.started = 0.0
-        self.done: list[tuple[str, float]] = []  # (kind, seconds) of stages run to the end
+        self.compiled_at_start = 0.0
+        self.done: list[tuple[str, float, float]] = []  # (kind, seconds, compile seconds) of stages run to the end
         self.skipped = 0
         self.progress = (0, 0)  # (steps done, steps) of the stage under way, from `step`
         self._kinds: list[str] = []  # kinds of the stages not yet started, when known (`plan`)
         self._write = write or (lambda line: print(line, file=sys.stderr, flush=True))
         self._clock = clock
+        self._compile_clock = compile_clock
 
     def plan(self, kinds: list[str]) -> None:
         """The kinds of all stages in order (sharpens the ETA; the total is len(kinds))."""
         self.total, self._kinds = len(kinds), list(kinds)
 
-    def _expect(self, kind: str) -> float | None:
-        same = [s for k, s in self.done if k == kind]
-        pool = same or [s for _, s in self.done]
-        if pool:
-            return sum(pool) / len(pool)
+    def _own(self) -> float | None:
+        """The stage under way's projection from its own step rate (None before its first step)."""
         n, total = self.progress
-        if self.kind and n > 0:  # nothing finished yet: the stage under way's own step rate
-            return (self._clock() - self.started) * total / n
-        return None
+        return (self._clock() - self.started) * total / n if self.kind and n > 0 else None
+
+    def _last(self, kind: str) -> float | None:
+        """What the next stage of `kind` should cost, from the last finished one of its kind."""
+        same = [(s, c) for k, s, c in self.done if k == kind]
+        if not same:
+            return None
+        seconds, compiled = same[-1]
+        return max(0.0, seconds - compiled) if len(same) == 1 else seconds
+
+    def _expect(self, kind: str) -> float | None:
+        last = self._last(kind)
+        if last is not None:
+            return last
+        if kind and kind == self.kind and self._own() is not None:
+            return self._own()
+        seen = [self._last(k) for k in {k for k, _, _ in self.done}]
+        return min(seen) if seen else self._own()
 
     def eta(self) -> str:
         """`eta N min` by the module's rule, or `eta ?` with nothing to project from."""
@@ -80,6 +99,7 @@ class StageProgress:
 
     def start(self, label: str, kind: str) -> None:
         self.index, self.label, self.kind, self.started = self.index + 1, label, kind, self._clock()
+        self.compiled_at_start = self._compile_clock()
         self.progress = (0, 0)
         self._emit("started", self.eta())
 
@@ -103,7 +123,7 @@ class StageProgress:
 
     def finish(self) -> None:
         seconds = self._clock() - self.started
-        self.done.append((self.kind, seconds))
+        self.done.append((self.kind, seconds, self._compile_clock() - self.compiled_at_start))
         self.kind = ""
         self._emit(f"done in {seconds / 60:.1f} min", self.eta())
 

@@ -45,3 +45,23 @@ def test_release_drops_programs_and_jax_executables_but_keeps_counts():
     compiles.program("test_release", 1, lambda: builds.append(2) or "p")
     f(jnp.ones(3))  # the same function and shape: traced again, since JAX's caches were cleared
     assert builds == [1, 2] and compiles.counts()["test_release_jit"] == before + 1
+
+
+def test_compile_seconds_counts_compiles_not_cached_calls():
+    """`compile_seconds` grows when XLA compiles a program and not when a compiled one runs again (what the
+    stage ETA of `bmrl.stages` takes out of a first stage of its kind)."""
+    import jax
+    import jax.numpy as jnp
+
+    f = jax.jit(lambda x: jnp.tanh(x) * 3.0 - x)
+    enabled = jax.config.jax_enable_compilation_cache
+    jax.config.update("jax_enable_compilation_cache", False)  # a disk-cache hit would skip the compile
+    try:
+        t0 = compiles.compile_seconds()
+        f(jnp.ones(7)).block_until_ready()
+        t1 = compiles.compile_seconds()
+        f(jnp.ones(7)).block_until_ready()
+        t2 = compiles.compile_seconds()
+    finally:
+        jax.config.update("jax_enable_compilation_cache", enabled)
+    assert t1 > t0 and t2 == t1
