@@ -177,7 +177,7 @@ def bench_decode(graphdef, params, batch: int, max_len: int, context: int, steps
 def rollout_setup(mcfg: ModelConfig, batch: int, turns: int, reply: int):
     """(env, fmt, rollout config, tasks, caps) for `batch` corridors that run `turns` turns of `reply` tokens."""
     from bmrl import config as config_lib
-    from bmrl import build as policy_lib
+    from bmrl import assembly as policy_lib
     from bmrl.rollout import default_format
 
     data = dict(env={"name": "corridor", "options": {"length": 64, "eps": 0.0}},

@@ -58,7 +58,7 @@ def stage_config(cfg: Config, seed: int, out_dir: str, **sections: dict) -> Conf
 def _evaluate_seed(cfg: Config, eval_cfg: Config, seed: int, dirs: dict[str, str], stages, results_path: str) -> None:
     """The evaluation stage of one seed: every policy, its per-seed report, results.json (the stage's
     mark); skipped when results.json exists, made with the same evaluation config."""
-    from bmrl.build import env_name, load_policy
+    from bmrl.assembly import env_name, load_policy
     from bmrl.eval.report import write_report
     from bmrl.eval.run import evaluate_policies
     from bmrl.eval.saved import load_results, save_results
@@ -80,7 +80,7 @@ def _evaluate_seed(cfg: Config, eval_cfg: Config, seed: int, dirs: dict[str, str
 
 def not_measured(cfg: Config) -> list[str]:
     """What the study could not measure on this env, in sentences (none where the env's states replay)."""
-    from bmrl.build import replays_states
+    from bmrl.assembly import replays_states
 
     if replays_states(cfg):
         return []
@@ -189,7 +189,7 @@ def _render(cfg: Config, names: list[str], per_seed: list[dict], seed_results: l
             seed_reports: list[str], stage_times: dict, health: dict[tuple[int, str], dict] | None = None) -> dict:
     """Findings, verdicts, table, figures, report.md and summary.json from the per-seed results; `health`:
     {(seed, variant): the RL run's summary "health"} (the dead runs each verdict is checked without)."""
-    from bmrl.build import env_name, suite_line, suite_summary
+    from bmrl.assembly import env_name, suite_line, suite_summary
     from bmrl.study.figures import study_figures
 
     rep, out = cfg.reproduce, cfg.out_dir

@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from bmrl.build import Run, base_dir, build_run, build_tokenizer, check_demos, fitting_cap, load_policy, new_policy, with_lora
+from bmrl.assembly import Run, base_dir, build_run, build_tokenizer, check_demos, fitting_cap, load_policy, new_policy, with_lora
 from bmrl.checkpoint import Checkpointer
 from bmrl.config import Config, to_dict
 from bmrl.eval.run import evaluate_config

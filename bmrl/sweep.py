@@ -12,7 +12,7 @@
     metrics: [success]               # optional summary columns (default: every scalar metric)
 
 Every run's config is built and validated before the first run starts, with what the run builds
-(`bmrl.build.build_run`: context buffer, model directory, mesh), so a bad value anywhere stops the
+(`bmrl.assembly.build_run`: context buffer, model directory, mesh), so a bad value anywhere stops the
 sweep with a ConfigError (exit status 2) and nothing written. Runs execute one after another in
 this process (sharing compile caches), each in `<out_dir>/<name>` with its resolved `config.yaml`; a
 run is finished when its `summary.json` exists, so a rerun skips it. A run that raises is reported,
@@ -83,7 +83,7 @@ def resolve_command(name: str) -> Callable[[Config], dict]:
 
 def _config_command(cfg: Config) -> dict:
     """`command: config`: only validates and records each run's config (a dry sweep; also for tests)."""
-    from bmrl.build import build_run
+    from bmrl.assembly import build_run
 
     b = build_run(cfg).budget
     summary = {"min_cap": b.min_cap, "max_cap": b.max_cap, "batch": cfg.train.tasks_per_step * cfg.train.group_size}
@@ -253,7 +253,7 @@ def _check_spec(spec: SweepSpec) -> None:
 
 def _check_runtime(command: str, cfg: Config) -> None:
     """What `bmrl <command>` checks before writing, for one run of the sweep (ConfigError if bad)."""
-    from bmrl.build import build_reproduce_run, build_run
+    from bmrl.assembly import build_reproduce_run, build_run
 
     (build_reproduce_run if command == "reproduce" else build_run)(cfg)
 

@@ -19,7 +19,7 @@ data. Run health (`bmrl.learn.health`): a run that has lost its signal (no group
 an invalid-action rate far above its start, for `train.dead_after` steps in a row) is said to be dead in the
 log, in metrics.jsonl (`health/dead`) and in summary.json (`health`), and trains on.
 
-The run's player (`bmrl.build.players`) plays the env: a JAX env in one compiled loop, a Python env
+The run's player (`bmrl.assembly.players`) plays the env: a JAX env in one compiled loop, a Python env
 from the host on the same compiled turn; the loop never asks which.
 Resumes from the newest checkpoint in `cfg.out_dir/checkpoints` automatically. Because every random
 draw derives from (seed, step) and the checkpoint holds params, optimizer state, key and data
@@ -50,7 +50,7 @@ from flax import nnx
 from bmrl import compiles as compiles_lib
 from bmrl import config as config_lib
 from bmrl import memory as memory_lib
-from bmrl.build import Run, base_dir, build_run, eval_split, init_policy
+from bmrl.assembly import Run, base_dir, build_run, eval_split, init_policy
 from bmrl.checkpoint import CheckpointMismatch, Checkpointer, key_data
 from bmrl.distributed import TRANSFERS, process_info, to_host, warm_collectives
 from bmrl.eval.run import evaluate_config

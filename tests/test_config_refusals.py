@@ -202,8 +202,8 @@ def _listing(root: pathlib.Path) -> list[str]:
 def _make_policy(path: pathlib.Path, cfg_path: pathlib.Path) -> None:
     """A tiny saved policy with its tokenizer (for `eval --policy` and an existing model.path)."""
     try:
-        from bmrl.build import build_tokenizer, new_policy
-    except ImportError:  # before bmrl.policy became bmrl.build
+        from bmrl.assembly import build_tokenizer, new_policy
+    except ImportError:  # before bmrl.policy became bmrl.assembly
         from bmrl.policy import build_tokenizer, new_policy
     from bmrl.config import load
     from bmrl.model.hf import save_pretrained
@@ -340,7 +340,7 @@ def test_shipped_configs_pass_every_check():
 
     import yaml
 
-    from bmrl.build import build_reproduce_run, build_run
+    from bmrl.assembly import build_reproduce_run, build_run
     from bmrl.config import load
 
     files = sorted((pathlib.Path(__file__).resolve().parents[1] / "configs").glob("*.yaml"))

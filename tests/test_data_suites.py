@@ -10,7 +10,7 @@ import os
 import numpy as np
 import pytest
 
-from bmrl.build import (
+from bmrl.assembly import (
     build_run,
     eval_split,
     python_splits,

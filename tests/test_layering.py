@@ -21,7 +21,7 @@ LAYERS = [
     ("learn", ["bmrl.learn"]),
     ("eval", ["bmrl.eval", "bmrl.logs"]),
     ("config", ["bmrl.config", "bmrl.memory"]),
-    ("build, run directory", ["bmrl.build", "bmrl.rundir", "bmrl.checkpoint"]),
+    ("assembly, run directory", ["bmrl.assembly", "bmrl.rundir", "bmrl.checkpoint"]),
     ("runs", ["bmrl.train", "bmrl.sft", "bmrl.eval.run", "bmrl.stages", "bmrl.sweep"]),
     ("study", ["bmrl.reproduce", "bmrl.study", "bmrl.eval.saved"]),
     ("commands", ["bmrl.commands", "bmrl.cli", "bmrl.__main__"]),

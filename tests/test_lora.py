@@ -187,7 +187,7 @@ def test_lora_run_base_frozen_small_checkpoints_resume_bitwise_and_base_checked(
             train_lib.train(cfg, progress=False, evaluate=False)
     out = train_lib.train(cfg, progress=False, evaluate=False)
     assert out["resumed_from"] == 2
-    from bmrl.build import load_policy  # the PEFT adapter beside the merged policy: the same model
+    from bmrl.assembly import load_policy  # the PEFT adapter beside the merged policy: the same model
 
     (adapted, _), (merged, _) = load_policy(out["policy_adapter"]), load_policy(out["policy"])
     tokens = jnp.asarray(np.random.default_rng(2).integers(0, 300, (2, 9)), jnp.int32)
@@ -210,7 +210,7 @@ def test_export_merged_and_peft_adapter_load_with_the_same_logits(tmp_path, tiny
     peft = pytest.importorskip("peft")
     from transformers import AutoModelForCausalLM
 
-    from bmrl.build import load_policy
+    from bmrl.assembly import load_policy
     from bmrl.model.peft import export_policy
 
     cfg = ModelConfig.tiny(512, model_type="qwen2", hidden_size=16, num_hidden_layers=1,

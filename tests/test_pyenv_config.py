@@ -136,7 +136,7 @@ def test_wrapped_corridor_evaluates_like_the_compiled_one(tmp_path, tiny_tokeniz
     """The same policy, keys and test tasks: env.kind=python with the corridor wrapped
     (`bmrl.envs.python.jax_env:builtin`) gives the jax-kind run's first-success turns, exactly, in
     exact and truncate mode (mode both); so the same Pass@(1,T)."""
-    from bmrl.build import split_tasks
+    from bmrl.assembly import split_tasks
     from bmrl.config import build, load
     from bmrl.eval.run import evaluate_policies
 

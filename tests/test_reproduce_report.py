@@ -152,7 +152,7 @@ def test_first_run_says_every_stage(tiny_run):
 
 
 def test_rerun_re_renders_from_saved_results(tiny_run, monkeypatch):
-    from bmrl import build, train
+    from bmrl import assembly, train
     from bmrl.eval import run
     from bmrl import sft
     from bmrl.reproduce import reproduce
@@ -165,7 +165,7 @@ def test_rerun_re_renders_from_saved_results(tiny_run, monkeypatch):
     def refuse(*a, **k):
         raise AssertionError("a finished run trained or evaluated again")
 
-    for mod, name in ((sft, "run_sft"), (train, "train"), (run, "evaluate_policies"), (build, "load_policy")):
+    for mod, name in ((sft, "run_sft"), (train, "train"), (run, "evaluate_policies"), (assembly, "load_policy")):
         monkeypatch.setattr(mod, name, refuse)
     err = io.StringIO()
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):

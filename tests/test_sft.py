@@ -119,7 +119,7 @@ def test_bad_sft_config_exits_2_and_writes_nothing(tmp_path, capsys):
 
 
 def test_check_fits_refuses_and_warns(tiny_tokenizer):
-    from bmrl.build import check_fits, make_budget, make_env
+    from bmrl.assembly import check_fits, make_budget, make_env
     from bmrl.rollout import default_format
 
     cfg = build({}, ["env.options={length: 4}", "rollout.max_len=200", "rollout.max_turns=12", "eval.ts=[1,4,8]",

@@ -65,11 +65,11 @@ def claim_out(prog: str, path: str, cfg=None, kind: str | None = None) -> dict |
 
 
 def load_run(args: argparse.Namespace, prog: str, build_fn=None):
-    """(cfg, run): the validated Config of `args` and its `bmrl.build.Run` (`build_fn`, default
+    """(cfg, run): the validated Config of `args` and its `bmrl.assembly.Run` (`build_fn`, default
     `build_run`), built before anything is written; a bad config, an output directory that is not
     writable or holds another run (`claim_out`), or a runtime fact that fails (buffer, model
     directory, mesh) exits 2."""
-    from bmrl.build import build_run
+    from bmrl.assembly import build_run
     from bmrl.config import ConfigError
 
     cfg = load_config(args, prog)

@@ -103,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace, cfg) -> int:
     import jax
 
-    from bmrl import build as pol
+    from bmrl import assembly as pol
     from bmrl.eval.run import evaluate_config
     from bmrl.study.findings import compare_findings
 
@@ -160,9 +160,9 @@ INTERVAL = "95% bootstrap interval over tasks, paired (both policies on the same
 
 
 def report(findings: dict, results: dict, settings: dict, suites: dict | None = None) -> str:
-    """report.md: settings, how the tasks were split (`bmrl.build.suite_summary`), the verdicts with their
+    """report.md: settings, how the tasks were split (`bmrl.assembly.suite_summary`), the verdicts with their
     intervals and rules (`bmrl.study.findings.compare_findings`), and both policies' measures."""
-    from bmrl.build import suite_line
+    from bmrl.assembly import suite_line
     from bmrl.eval import markdown
     from bmrl.study.verdicts import STUDY
 

@@ -1,7 +1,7 @@
 """`bmrl eval --config FILE --policy DIR [--policy DIR2 ...]`: Pass@(K,T), decomposition and report.
 
 Each policy (a local Hugging Face directory with its tokenizer, or a PEFT LoRA adapter directory on
-the base it names) is evaluated on the same held-out test tasks of the config's environment (`bmrl.build.split_tasks(cfg, "test", eval.num_tasks)`)
+the base it names) is evaluated on the same held-out test tasks of the config's environment (`bmrl.assembly.split_tasks(cfg, "test", eval.num_tasks)`)
 with the same keys, over the grid eval.ks x eval.ts in eval.mode; then on a fixed probe set of
 noisy-oracle states (decision accuracy) and again with errors injected (recovery with errors
 equalised). Writes results.json, PNG plots and report.md to --out (default <out_dir>/eval). With
@@ -74,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace, cfg) -> int:
-    from bmrl import build as pol
+    from bmrl import assembly as pol
     from bmrl.config import check_probes
     from bmrl.eval.bootstrap import Interval
     from bmrl.eval.report import write_report

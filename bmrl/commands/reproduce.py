@@ -24,7 +24,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bmrl.build import build_reproduce_run
+    from bmrl.assembly import build_reproduce_run
     from bmrl.reproduce import reproduce
 
     cfg, _ = load_run(args, "reproduce", build_reproduce_run)  # the reproduce section, every variant's buffer

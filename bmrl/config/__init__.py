@@ -7,7 +7,7 @@ One idea per module: `schema` (the typed sections; a field's trailing comment is
 `load` (strict YAML, dotted overrides, no interpolation), `validate` (every value checked once,
 naming the key, the value and the fix), `docs` (the schema rendered into docs/configs.md). Every
 refusal is a `ConfigError`, raised before any work is done; the CLI turns it into exit status 2.
-What needs the built tokenizer and environment is checked by `bmrl.build.build_run`, also before
+What needs the built tokenizer and environment is checked by `bmrl.assembly.build_run`, also before
 anything is written.
 """
 

@@ -4,7 +4,7 @@
 probabilities do not sum to 1, an unknown algorithm name); `check_reproduce` the study's section;
 `check_fits` the facts that need the built tokenizer and environment (does the context buffer hold
 the prompt and the turns of the smallest cap? does a reply hold the longest action?), which
-`bmrl.build.build_run` checks before a run writes anything. `check_caps` is the one check of turn
+`bmrl.assembly.build_run` checks before a run writes anything. `check_caps` is the one check of turn
 caps against `rollout.max_turns`, and `make_budget` the one conversion of a budget section into a
 `bmrl.budget.Budget`.
 """
@@ -60,7 +60,7 @@ def check_options(key: str, fn: Any, options: dict, taken: tuple[str, ...] = ())
 def _positive(cfg: Any, prefix: str, names: tuple[str, ...], minimum: int = 1) -> None:
     for name in names:
         value = getattr(cfg, name)
-        if value is not None and value < minimum:  # None: a platform default (`bmrl.build.env.rollout_config`)
+        if value is not None and value < minimum:  # None: a platform default (`bmrl.assembly.env.rollout_config`)
             raise ConfigError(f"{prefix}.{name}", f"must be >= {minimum}, got {value}.")
 
 
@@ -201,7 +201,7 @@ ENV_KINDS = ("jax", "python")
 
 def _check_python_env(cfg: Config) -> None:
     """A python-kind env: an entry that looks like `module:factory`, a task file, host settings.
-    Importing the entry and reading the tasks are runtime facts (`bmrl.build.python_env`)."""
+    Importing the entry and reading the tasks are runtime facts (`bmrl.assembly.python_env`)."""
     e = cfg.env
     if e.entry is None or not e.entry.strip():
         raise ConfigError("env.entry", "is required with env.kind=python; give 'package.module:factory' (e.g. "
@@ -257,7 +257,7 @@ def _check_env(cfg: Config, max_cap: int) -> None:
     if msg:
         name = next((n for n in e.options if re.search(rf"\b{re.escape(n)}\b", msg)), None)
         raise ConfigError(f"env.options.{name}" if name else "env.options", msg)
-    # bmrl.build.make_env raises the default number table to max_turns; an explicit one must reach every cap.
+    # bmrl.assembly.make_env raises the default number table to max_turns; an explicit one must reach every cap.
     if e.show_budget and "max_budget" in e.options and max_cap > int(e.options["max_budget"]):
         max_budget = int(e.options["max_budget"])
         raise ConfigError(
@@ -337,7 +337,7 @@ def validate(cfg: Config) -> None:
     """Refuse values that type-check but cannot work, naming the key and what is allowed.
 
     Static checks only; what needs the tokenizer and the environment is `check_fits`, which
-    `bmrl.build.build_run` runs before a run writes anything.
+    `bmrl.assembly.build_run` runs before a run writes anything.
     """
     from bmrl.eval.evaluate import MODES  # the registries of allowed values, read where they live
     from bmrl.learn import ADVANTAGES, LOSSES

@@ -24,7 +24,7 @@ runs. Two policies evaluated with the same key see the same environment randomne
 engine with the same caps, keys and error injection: the oracle gives a ground truth for the estimator.
 
 How rows are played is a `Runner` made by `runner=` (default `engine_runner`: the compiled episode
-engine). A run's player hands over its own (`bmrl.build.players`, `player.evaluation_runner`): a Python
+engine). A run's player hands over its own (`bmrl.assembly.players`, `player.evaluation_runner`): a Python
 environment's (`bmrl.rollout.pyenv.PythonEnv`, tasks a list of dicts) plays a model policy from the host
 on the same compiled turn (`bmrl.rollout.host`), with the same rows, caps and keys, so a wrapped JAX env
 evaluates to the compiled path's numbers; faults of user code are counted (`EvalResult.faults`). The

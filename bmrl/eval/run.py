@@ -16,7 +16,7 @@ from typing import Any
 
 import jax
 
-from bmrl.build import build_run, load_policy
+from bmrl.assembly import build_run, load_policy
 from bmrl.config import Config, ConfigError
 from bmrl.eval.decompose import probe_accuracy, probe_set
 from bmrl.eval.evaluate import attach_injection, evaluate
@@ -26,7 +26,7 @@ from bmrl.rundir import RunDir
 
 def evaluate_config(cfg: Config, run: Any, policy: Any, key: Any, tasks: Any = None, **grid: Any) -> Any:
     """The one spelling of "evaluate a policy from a config": `bmrl.eval.evaluate` of `policy` on the
-    run's env (`run`, a `bmrl.build.Run`) over its first `eval.num_tasks` test tasks (or `tasks`), on the
+    run's env (`run`, a `bmrl.assembly.Run`) over its first `eval.num_tasks` test tasks (or `tasks`), on the
     grid eval.ks x eval.ts in eval.mode with eval.attempts and eval.bootstrap, at eval.temperature,
     in the run's format, its rows played by the run's player. `grid`: what a caller evaluates differently (e.g. `ts=[cap], ks=[1], attempts=1`)."""
     e = cfg.eval

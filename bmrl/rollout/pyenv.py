@@ -6,7 +6,7 @@ objects (one per row), the reply format, and the runner the evaluator calls.
     fmt = host_format(env)
     out = env.play(policy, fmt, rollout_cfg, tasks, caps, key)      # a HostRollout: trajectory + faults
 
-It stands where a run holds a JAX `Env` (`bmrl.build.Run.env`): the same `name`, `show_budget`
+It stands where a run holds a JAX `Env` (`bmrl.assembly.Run.env`): the same `name`, `show_budget`
 (always False: a Python env shows its budget itself, if at all), `max_obs_len` (tokens of the longest
 first observation of the tasks; later observations are known only as the env runs) and
 `max_action_len` (of the optional `action_strings`). Environment objects are reused across batches

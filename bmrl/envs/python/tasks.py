@@ -7,7 +7,7 @@ The split is by content, the JAX envs' rule (`bmrl.data.suites`): a task's split
 hash of its canonical JSON (sorted keys, no whitespace), about 1 in 16 tasks test, 1 in 16 validation,
 the rest train; each split keeps the file's order, a repeated task is dropped (and counted), and no
 task is in two splits. So a file needs a few dozen distinct tasks for a test split
-(`bmrl.build.python_splits` refuses one without train or test tasks), and adding tasks at the end
+(`bmrl.assembly.python_splits` refuses one without train or test tasks), and adding tasks at the end
 never moves the earlier ones. `data.train_size` / `val_size` / `test_size`, when set, keep the first n of a split.
 """
 

@@ -1,6 +1,6 @@
 """The player: the one object of a run that knows whether its env is compiled JAX or Python on the host.
 
-    player = run.player                                   # chosen once, by `bmrl.build.build_run`
+    player = run.player                                   # chosen once, by `bmrl.assembly.build_run`
     tasks = player.tasks("train")                         # a split's tasks (level seeds, or task dicts)
     rows = player.take(tasks, idx)                        # the rows of a batch: tasks[idx]
     play = player.playing(graphdef, rollout_cfg, mesh)    # compiled once
@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from bmrl.build.tasks import split_tasks
+from bmrl.assembly.tasks import split_tasks
 from bmrl.distributed import gather_objects, gather_rows, global_batch_array, local_rows, process_share, to_host
 from bmrl.envs.python.protocol import Fault
 from bmrl.eval.evaluate import Runner, engine_runner
@@ -41,7 +41,7 @@ from bmrl.rollout.types import row_keys
 class JaxPlayer:
     """A built-in JAX env: tasks are level seeds (`{"seed": int32[n]}`), episodes one compiled loop."""
 
-    cfg: Any  # bmrl.config.Config: where its level splits come from (bmrl.build.tasks.split_tasks)
+    cfg: Any  # bmrl.config.Config: where its level splits come from (bmrl.assembly.tasks.split_tasks)
     env: Any  # bmrl.envs.Env
     fmt: Any  # bmrl.formats.Format
     label: str  # the env as logs and reports name it

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bmrl.build.env import is_host, make_env, python_splits
+from bmrl.assembly.env import is_host, make_env, python_splits
 from bmrl.config import Config, ConfigError
 from bmrl.data import level_hashes, suite_overlap
 from bmrl.data.suites import compute_splits, read_suite, suite_name

@@ -14,7 +14,7 @@ in the CLI).
 
 from __future__ import annotations
 
-from bmrl.build.env import (
+from bmrl.assembly.env import (
     SIZE_KEYS,
     env_label,
     env_line,
@@ -29,11 +29,11 @@ from bmrl.build.env import (
     rollout_config,
     run_format,
 )
-from bmrl.build.players import HostPlayer, JaxPlayer
-from bmrl.build.policy import base_dir, build_tokenizer, init_policy, load_policy, lora_spec, model_config, new_policy, with_lora
-from bmrl.build.run import Run, build_reproduce_run, build_run, make_player
-from bmrl.build.tasks import data_dir, eval_split, run_splits, split_tasks, suite_line, suite_sizes, suite_summary
-from bmrl.build.checks import check_demos, check_fits, fitting_cap
+from bmrl.assembly.players import HostPlayer, JaxPlayer
+from bmrl.assembly.policy import base_dir, build_tokenizer, init_policy, load_policy, lora_spec, model_config, new_policy, with_lora
+from bmrl.assembly.run import Run, build_reproduce_run, build_run, make_player
+from bmrl.assembly.tasks import data_dir, eval_split, run_splits, split_tasks, suite_line, suite_sizes, suite_summary
+from bmrl.assembly.checks import check_demos, check_fits, fitting_cap
 from bmrl.config import make_budget  # noqa: F401 - re-exported: the budget of a run's section
 
 __all__ = [

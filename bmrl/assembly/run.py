@@ -13,16 +13,16 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from bmrl.build.env import (env_name, is_host, make_env, mesh_config, python_parts, replays_states, rollout_config,
+from bmrl.assembly.env import (env_name, is_host, make_env, mesh_config, python_parts, replays_states, rollout_config,
                              run_format)
-from bmrl.build.players import HostPlayer, JaxPlayer
-from bmrl.build.policy import build_tokenizer
-from bmrl.build.checks import check_demos, check_fits
+from bmrl.assembly.players import HostPlayer, JaxPlayer
+from bmrl.assembly.policy import build_tokenizer
+from bmrl.assembly.checks import check_demos, check_fits
 from bmrl.config import Config, check_reproduce, make_budget
 
 
 def make_player(cfg: Config, env: Any, fmt: Any) -> JaxPlayer | HostPlayer:
-    """The player of `env` (module `bmrl.build.players`): the one place a run's env kind picks its path."""
+    """The player of `env` (module `bmrl.assembly.players`): the one place a run's env kind picks its path."""
     if is_host(cfg):
         return HostPlayer(env, fmt, label=env_name(cfg), options=dict(cfg.env.options), replays_states=replays_states(cfg))
     return JaxPlayer(cfg, env, fmt, label=f"{env.name} {env.options}", options=dict(env.options),

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from bmrl.build.env import is_host, python_parts
+from bmrl.assembly.env import is_host, python_parts
 from bmrl.config import Config, ConfigError
 from bmrl.envs import corpus
 from bmrl.formats import add_tag_tokens

@@ -1,4 +1,4 @@
-"""Runtime facts of a run, checked once its env and format are built (`bmrl.build.build_run`), before
+"""Runtime facts of a run, checked once its env and format are built (`bmrl.assembly.build_run`), before
 anything is written: the context buffer against every cap, the reply limit against the longest action,
 a Python env's oracle for SFT demonstrations. Static checks of the config are `bmrl.config.validate`.
 """
@@ -8,7 +8,7 @@ from __future__ import annotations
 import warnings
 
 from bmrl.budget import cap_range
-from bmrl.build.env import is_host
+from bmrl.assembly.env import is_host
 from bmrl.config import Config, ConfigError
 from bmrl.learn.demos import demo_tokens_needed
 from bmrl.rollout.scripts import NEXT_ORACLE

@@ -1,4 +1,4 @@
-"""`bmrl.build`: the run's objects are built once from the config, frozen, and passed down by the CLI."""
+"""`bmrl.assembly`: the run's objects are built once from the config, frozen, and passed down by the CLI."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import warnings
 
 import pytest
 
-from bmrl import build
+from bmrl import assembly
 from bmrl.cli import main
 from bmrl.config import load, make_budget
 
@@ -19,7 +19,7 @@ TINY = ["env.options.length=3", "budget.budgets=[4]", "rollout.max_turns=4", "ev
 
 def test_run_bundle_is_frozen_and_built_from_the_config(tiny_tokenizer):
     cfg = load(None, TINY + ["eval.temperature=0.5"])
-    run = build.build_run(cfg, tiny_tokenizer)
+    run = assembly.build_run(cfg, tiny_tokenizer)
     assert run.budget == make_budget(cfg.budget) and run.tokenizer is tiny_tokenizer
     assert (run.rollout.max_len, run.rollout.max_turns) == (256, 4)
     assert run.rollout.sampling.temperature == 1.0 and run.eval_rollout.sampling.temperature == 0.5
@@ -33,7 +33,7 @@ def test_cli_builds_once_and_passes_the_bundle_down(command, target, tmp_path, m
     """The command builds the Run (checking it) before anything is written and hands it to the runner."""
     module, name = target.rsplit(".", 1)
     calls, received = [], []
-    real = build.build_run
+    real = assembly.build_run
 
     def counting(cfg, tokenizer=None):
         calls.append(os.path.exists(cfg.out_dir))
@@ -43,14 +43,14 @@ def test_cli_builds_once_and_passes_the_bundle_down(command, target, tmp_path, m
         received.append(kwargs["run"])
         raise SystemExit(0)  # stop here: the run itself is tested elsewhere
 
-    monkeypatch.setattr(build, "build_run", counting)
+    monkeypatch.setattr(assembly, "build_run", counting)
     monkeypatch.setattr(__import__(module, fromlist=[name]), name, runner)
     (tmp_path / "cfg.yaml").write_text("seed: 0\n")
     with warnings.catch_warnings(), pytest.raises(SystemExit):
         warnings.simplefilter("ignore")
         main([command, "--config", str(tmp_path / "cfg.yaml"), f"out_dir={tmp_path / 'out'}", *TINY])
     assert calls == [False]  # built once, before the output directory exists
-    assert isinstance(received[0], build.Run) and received[0].budget.max_cap == 4
+    assert isinstance(received[0], assembly.Run) and received[0].budget.max_cap == 4
 
 
 def test_refusal_exit_status_of_the_real_process(tmp_path):

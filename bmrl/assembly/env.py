@@ -4,8 +4,8 @@ with its task file read and split), the conversation format, the rollout configs
     env = make_env(cfg, tokenizer)         # a JAX `Env`, or a `bmrl.rollout.pyenv.PythonEnv` with its tasks
     fmt = run_format(cfg, env)
 
-This module and `bmrl.build.tasks` are where the env kind is decided (with config validation); what
-they build is handed down in a `bmrl.build.Run`, and its player plays either kind behind one protocol.
+This module and `bmrl.assembly.tasks` are where the env kind is decided (with config validation); what
+they build is handed down in a `bmrl.assembly.Run`, and its player plays either kind behind one protocol.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from bmrl.sampling import SamplingConfig
 
 def is_host(cfg: Config) -> bool:
     """Whether the run's env is a Python one played from the host (`env.kind=python`): asked here and in
-    `bmrl.build.tasks` only."""
+    `bmrl.assembly.tasks` only."""
     return cfg.env.kind == "python"
 
 
