@@ -186,7 +186,7 @@ def rollout_setup(mcfg: ModelConfig, batch: int, turns: int, reply: int):
                 model={"vocab_size": 384})
     cfg = config_lib.build(data)
     tok = policy_lib.build_tokenizer(cfg)
-    env = policy_lib.make_env(cfg, tok)
+    env = policy_lib.player_class(cfg).make_env(cfg, tok)
     fmt = default_format(env)
     need = fmt.tokens_needed(turns, env.max_obs_len, reply)
     data["rollout"]["max_len"] = int(-(-need // 64) * 64)  # the smallest multiple of 64 that holds every turn

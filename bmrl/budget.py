@@ -21,7 +21,9 @@ from typing import Any, ClassVar
 import jax
 import jax.numpy as jnp
 
-SAMPLERS: dict[str, type["Budget"]] = {}  # kind -> its Budget class (`@sampler`)
+from bmrl.registry import Registry, UnknownName
+
+SAMPLERS: Registry[type["Budget"]] = Registry("budget kind")  # kind -> its Budget class (`@sampler`)
 
 
 class BudgetError(ValueError):
@@ -38,8 +40,7 @@ def sampler(kind: str):
 
     def register(cls: type[Budget]) -> type[Budget]:
         cls.kind = kind
-        SAMPLERS[kind] = cls
-        return cls
+        return SAMPLERS.add(kind, cls)
 
     return register
 
@@ -189,9 +190,11 @@ def fields(kind: str) -> tuple[str, ...]:
 
 def make(kind: str, **values: Any) -> Budget:
     """The budget of kind `kind` from its keys (`fields(kind)`); lists become tuples."""
-    if kind not in SAMPLERS:
-        raise BudgetError(f"Unknown budget kind {kind!r}; valid kinds: {', '.join(SAMPLERS)}.", "kind")
-    return SAMPLERS[kind](**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
+    try:
+        cls = SAMPLERS.lookup(kind)
+    except UnknownName as err:
+        raise BudgetError(str(err), "kind") from None
+    return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
 
 
 def cap_range(budget: Budget) -> tuple[int, int]:

@@ -35,7 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
-from bmrl.distributed import barrier, to_host
+from bmrl.distributed import main_writes, to_host
 from bmrl.rundir import OutputNotWritable, probe_writable  # exported here too: the checkpoint's output checks
 
 MANIFEST_FORMAT = 1
@@ -333,9 +333,8 @@ class Checkpointer:
         while os.path.exists(f"{src}.corrupt-{n}"):
             n += 1
         dst = f"{src}.corrupt-{n}"
-        if jax.process_index() == 0:
-            os.rename(src, dst)
-        barrier(f"bmrl-move-aside-{step}")  # every process sees the rename before listing steps again
+        # process 0 renames; every process sees the rename before listing steps again
+        main_writes(f"bmrl-move-aside-{step}", lambda: os.rename(src, dst))
         self.manager.reload()
         return dst
 

@@ -8,7 +8,7 @@
 On resume, the records written after the checkpoint resumed from are dropped from the JSONL, so the
 file reads as one uninterrupted run: exactly the first `keep_records` (the count the checkpoint
 stored, `logger.count` at save time), or else those at steps <= `start_step`.
-On a multi-process run only process 0 writes (`bmrl.distributed.is_main`); the others count the same records.
+On a multi-process run only process 0 writes (`bmrl.distributed.main_writes`); the others count the same records.
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ class MetricsLogger:
 
     def __init__(self, out_dir: str | os.PathLike, start_step: int = 0, tensorboard: bool = True,
                  keep_records: int | None = None, name: str = "metrics.jsonl"):
-        from bmrl.distributed import is_main
+        from bmrl.distributed import main_writes
 
         self.path = os.path.join(out_dir, name)  # SFT logs to sft_metrics.jsonl with the same logger
         if keep_records is not None:
@@ -78,15 +78,18 @@ class MetricsLogger:
             kept = [r for r in read_jsonl(self.path) if r.get("step", 0) <= start_step] if start_step else []
         self.count = len(kept)  # records in the file (a checkpoint stores it: see keep_records)
         self._file = self._tb = None
-        if not is_main():  # another process of a multi-process run: process 0 writes
-            return
-        os.makedirs(out_dir, exist_ok=True)
-        write_jsonl_atomic(self.path, kept)
-        self._file = open(self.path, "a", buffering=1)
-        if tensorboard:
-            from tensorboardX import SummaryWriter
 
-            self._tb = SummaryWriter(os.path.join(out_dir, "tb"), purge_step=start_step + 1 if start_step else None)
+        def open_files() -> None:  # process 0 only: the other processes of a run keep no files (`write`)
+            os.makedirs(out_dir, exist_ok=True)
+            write_jsonl_atomic(self.path, kept)
+            self._file = open(self.path, "a", buffering=1)
+            if tensorboard:
+                from tensorboardX import SummaryWriter
+
+                purge = start_step + 1 if start_step else None
+                self._tb = SummaryWriter(os.path.join(out_dir, "tb"), purge_step=purge)
+
+        main_writes(f"bmrl-metrics-{name}", open_files, wait=False)  # every record after is a line: no meetings
 
     def write(self, step: int, metrics: dict[str, Any]) -> dict:
         """Log scalars at `step`; returns the JSON record written."""

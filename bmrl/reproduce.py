@@ -58,31 +58,32 @@ def stage_config(cfg: Config, seed: int, out_dir: str, **sections: dict) -> Conf
 def _evaluate_seed(cfg: Config, eval_cfg: Config, seed: int, dirs: dict[str, str], stages, results_path: str) -> None:
     """The evaluation stage of one seed: every policy, its per-seed report, results.json (the stage's
     mark); skipped when results.json exists, made with the same evaluation config."""
-    from bmrl.assembly import env_name, load_policy
+    from bmrl.assembly import load_policy, player_class
     from bmrl.eval.report import write_report
     from bmrl.eval.run import evaluate_policies
     from bmrl.eval.saved import load_results, save_results
+    from bmrl.eval.settings import EvalSettings
+    from bmrl.study.findings import compare_f2
 
     if load_results(results_path, to_dict(eval_cfg)) is not None:
         return stages.skip(f"seed {seed} - eval", f"done already: {results_path}")
     stages.start(f"seed {seed} - eval", "eval")
-    rep = cfg.reproduce
     policies = {name: load_policy(path) for name, path in dirs.items()}
-    results = evaluate_policies(eval_cfg, policies, inject_turns=[t_ - 1 for t_ in rep.inject_turns],
-                                inject_prob=rep.inject_prob, probe_noise=rep.probe_noise, window=rep.window,
-                                log=stages.note)
+    results = evaluate_policies(eval_cfg, policies, EvalSettings.from_config(cfg), log=stages.note)
     stages.note("writing the per-seed report")
+    resamples = eval_cfg.eval.bootstrap  # this seed's F2 of every variant against the base, as `bmrl compare` has it
     write_report(eval_cfg.out_dir, results, baseline=BASE, title=f"bmrl reproduce, seed {seed}",
-                 settings={"seed": seed, "env": f"{env_name(cfg)} {dict(cfg.env.options)}"})
+                 settings={"seed": seed, "env": f"{player_class(cfg).report_name(cfg)} {dict(cfg.env.options)}"},
+                 f2=partial(compare_f2, num_resamples=resamples) if resamples >= 10 else None)
     save_results(results_path, results, to_dict(eval_cfg))
     stages.finish()
 
 
 def not_measured(cfg: Config) -> list[str]:
     """What the study could not measure on this env, in sentences (none where the env's states replay)."""
-    from bmrl.assembly import replays_states
+    from bmrl.assembly import player_class
 
-    if replays_states(cfg):
+    if player_class(cfg).replays_states:
         return []
     return [f"Decision accuracy on a fixed probe set of noisy-oracle states (eval.probe_states, reproduce.probe_noise) "
             f"and success with an error injected (reproduce.inject_turns) were not measured: both replay a JAX env's "
@@ -189,7 +190,7 @@ def _render(cfg: Config, names: list[str], per_seed: list[dict], seed_results: l
             seed_reports: list[str], stage_times: dict, health: dict[tuple[int, str], dict] | None = None) -> dict:
     """Findings, verdicts, table, figures, report.md and summary.json from the per-seed results; `health`:
     {(seed, variant): the RL run's summary "health"} (the dead runs each verdict is checked without)."""
-    from bmrl.assembly import env_name, suite_line, suite_summary
+    from bmrl.assembly import player_class, suite_line, suite_summary
     from bmrl.study.figures import study_figures
 
     rep, out = cfg.reproduce, cfg.out_dir
@@ -209,7 +210,7 @@ def _render(cfg: Config, names: list[str], per_seed: list[dict], seed_results: l
     suites = suite_summary(data_cfg)  # how the test levels were held out; overlap with training levels
     wall = sum(v for v in stage_times.values() if v is not None)
     missing = not_measured(cfg)
-    report = report_md(cfg, env_name(cfg), sentences + ["Measured:"] + details, table_md, figures, seed_reports, wall, len(rep.seeds),
+    report = report_md(cfg, player_class(cfg).report_name(cfg), sentences + ["Measured:"] + details, table_md, figures, seed_reports, wall, len(rep.seeds),
                        pooled[BASE]["surface"].shape[0], study, seeds_md, suite_line(suites), missing,
                        dead_runs_md(dead, len(rep.seeds) * len(rep.variants)))
     run_dir = RunDir(out)

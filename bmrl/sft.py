@@ -12,7 +12,7 @@ held-out test-split tasks at the largest turn cap, then saved as a Hugging Face 
 
 A Python env (env.kind=python) runs the same way through its player: its demonstrations are the noisy
 oracle played from the host on its `info["next_oracle_action"]` (`bmrl.learn.host_demos`;
-`check_demos` refuses an env without it), the tasks are its task file's train lines, and a
+`player.check_demos` refuses an env without it), the tasks are its task file's train lines, and a
 demonstration is at most `rollout.max_len` tokens (later observations are known only as the env runs).
 The run directory follows the rule of `bmrl.rundir` (refused when not writable or made with other
 settings; a finished one is returned untouched); a killed run resumes from its newest checkpoint
@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from bmrl.assembly import Run, base_dir, build_run, build_tokenizer, check_demos, fitting_cap, load_policy, new_policy, with_lora
+from bmrl.assembly import Run, base_dir, build_run, build_tokenizer, fitting_cap, load_policy, new_policy, with_lora
 from bmrl.checkpoint import Checkpointer
 from bmrl.config import Config, to_dict
 from bmrl.eval.run import evaluate_config
@@ -182,7 +182,7 @@ def run_sft(cfg: Config, *, log: Callable[[str], Any] = print, return_model: boo
         return (finished, load_policy(finished["policy_dir"])[0]) if return_model else finished
     model, tokenizer, run = _policy(cfg, run)
     env, fmt, player = run.env, run.fmt, run.player
-    check_demos(cfg, env)  # a Python env must name its oracle's next action
+    player.check_demos()  # a Python env must name its oracle's next action
     cap = fitting_cap(cfg, env, fmt, run.budget.max_cap)  # the largest training cap that fits
     demo_len = player.demo_len(s.demo_turns, cfg.rollout.max_len)
     rundir.write_config(cfg)

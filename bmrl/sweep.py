@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import csv
 import dataclasses
-import importlib
 import io
 import itertools
 import json
@@ -43,42 +42,34 @@ import yaml
 from bmrl import config as config_lib
 from bmrl.config import Config, ConfigError
 from bmrl.eval import markdown
+from bmrl.registry import NotInstalled, Registry, UnknownName
 from bmrl.rundir import RunDir
 from bmrl.config.schema import hint_of
 
 # name -> "module:function" (imported when a sweep uses it) or a callable; each takes a validated
 # Config, writes cfg.out_dir/summary.json and returns the summary dict. `eval` and `reproduce` name the
 # Config-only entry points those commands are to provide (the policy of eval being cfg.model.path).
-COMMANDS: dict[str, str | Callable[[Config], dict]] = {
+COMMANDS: Registry[Callable[[Config], dict]] = Registry("sweep command", {
     "train": "bmrl.train:train",
     "sft": "bmrl.sft:run_sft",
     "eval": "bmrl.eval.run:run_eval",
     "reproduce": "bmrl.reproduce:reproduce",
-}
+})
 
 
 def register_command(name: str, fn: str | Callable[[Config], dict]) -> None:
     """Make `name` usable as a sweep's `command` (a callable, or a lazy "module:function" path)."""
-    COMMANDS[name] = fn
+    COMMANDS.add(name, fn)
 
 
 def resolve_command(name: str) -> Callable[[Config], dict]:
     """The function behind command `name`, imported now; a ConfigError if unknown or not installed."""
-    if name not in COMMANDS:
-        raise ConfigError("command", f"{name!r} is not a sweep command; choose one of: {', '.join(COMMANDS)}.")
-    target = COMMANDS[name]
-    if callable(target):
-        return target
-    module, attr = target.split(":")
     try:
-        fn = getattr(importlib.import_module(module), attr, None)
-    except ModuleNotFoundError as err:
-        if err.name and module.startswith(err.name):
-            raise ConfigError("command", f"{name!r} needs {module}, which this install does not have.") from None
-        raise
-    if fn is None:
-        raise ConfigError("command", f"{name!r} needs {target}, but {module} has no {attr}.")
-    return fn
+        return COMMANDS.lookup(name)
+    except UnknownName:
+        raise ConfigError("command", f"{name!r} is not a sweep command; choose one of: {COMMANDS.names()}.") from None
+    except NotInstalled as err:
+        raise ConfigError("command", f"{name!r} cannot run: {err}") from None
 
 
 def _config_command(cfg: Config) -> dict:

@@ -50,9 +50,9 @@ from flax import nnx
 from bmrl import compiles as compiles_lib
 from bmrl import config as config_lib
 from bmrl import memory as memory_lib
-from bmrl.assembly import Run, base_dir, build_run, eval_split, init_policy
+from bmrl.assembly import Run, base_dir, build_run, init_policy
 from bmrl.checkpoint import CheckpointMismatch, Checkpointer, key_data
-from bmrl.distributed import TRANSFERS, process_info, to_host, warm_collectives
+from bmrl.distributed import TRANSFERS, main_writes, process_info, to_host, warm_collectives
 from bmrl.eval.run import evaluate_config
 from bmrl.learn import optimizer_from_config
 from bmrl.learn.advantages import group_has_signal
@@ -200,7 +200,7 @@ class Trainer:
         self.batch = (t.tasks_per_step + t.oversample) * t.group_size  # rollout rows (dynamic sampling: more)
         self.train_tasks = self.player.tasks("train")
         self.held_out = {s: self.player.tasks(s, max(cfg.eval.num_tasks, 1))
-                         for s in {eval_split(cfg, run), "test"}}  # in between: validation; first and last: test
+                         for s in {run.player.eval_split(), "test"}}  # in between: validation; first and last: test
         self.compile_history: list[int] = []
         self.transfer_s = self.eval_transfer_s = 0.0  # seconds spent gathering rows across processes
 
@@ -339,7 +339,7 @@ class Trainer:
     def evaluate(self, state: TrainState) -> None:
         """Pass@(1,T) at the state's step: the test split at the first and last step (the gain), validation between."""
         step = state.step
-        split = "test" if step in (0, self.t.steps) else eval_split(self.cfg, self.run)
+        split = "test" if step in (0, self.t.steps) else self.run.player.eval_split()
         moved0 = TRANSFERS["seconds"]
         res = self.evaluators[split](self.policy_params(state.params), jax.random.fold_in(jax.random.fold_in(state.key, EVAL_STREAM), step))
         state.record.eval_log[step] = res
@@ -443,17 +443,25 @@ def train(cfg, *, progress: bool | None = None, run: Run | None = None,
 def _keep_faults_up_to(out: str, step: int) -> None:
     """Drop the lines of `out`/faults.jsonl after `step` (a resume replays those steps and logs them again)."""
     path = os.path.join(out, "faults.jsonl")
-    if jax.process_index() == 0 and os.path.exists(path):
-        write_jsonl_atomic(path, [r for r in read_jsonl(path) if r.get("step", 0) <= step])
+
+    def write() -> None:
+        if os.path.exists(path):
+            write_jsonl_atomic(path, [r for r in read_jsonl(path) if r.get("step", 0) <= step])
+
+    main_writes("bmrl-faults", write, wait=False)  # no other process reads faults.jsonl during the run
 
 
 def _log_faults(out: str, step: int, faults: list, tasks: list) -> None:
     """Append the faults of user code in one training batch to `out`/faults.jsonl, with their tasks."""
-    if not faults or jax.process_index() != 0:
+    if not faults:
         return
-    with open(os.path.join(out, "faults.jsonl"), "a") as f:
-        f.writelines(json.dumps({"step": step, "row": x.row, "task": tasks[x.row], "turn": x.turn, "kind": x.kind,
-                                 "message": x.message}, default=str) + "\n" for x in faults)
+
+    def write() -> None:
+        with open(os.path.join(out, "faults.jsonl"), "a") as f:
+            f.writelines(json.dumps({"step": step, "row": x.row, "task": tasks[x.row], "turn": x.turn,
+                                     "kind": x.kind, "message": x.message}, default=str) + "\n" for x in faults)
+
+    main_writes("bmrl-faults", write, wait=False)  # a log line per faulty step: no meeting for each
 
 
 __all__ = ["NonFiniteError", "RunRecord", "TrainState", "Trainer", "make_evaluator", "select_groups", "tasks_at", "train"]

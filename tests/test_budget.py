@@ -55,7 +55,7 @@ def test_support_and_extremes():
         (lambda: budget.mix([4, 8], [0.5]), "one probability per cap"),
         (lambda: budget.mix([4, 8], [1.5, -0.5]), ">= 0"),
         (lambda: budget.uniform(5, 2), "lo <= hi"),
-        (lambda: budget.make("gaussian", budgets=(4,)), "valid kinds: fixed, mix, uniform"),
+        (lambda: budget.make("gaussian", budgets=(4,)), "valid: fixed, mix, uniform"),
         (lambda: budget.mix([], []), "at least one"),
     ],
 )
@@ -77,7 +77,7 @@ def test_a_new_sampler_is_one_registered_class(monkeypatch):
 
     from bmrl.config import ConfigError, build, make_budget
 
-    monkeypatch.setattr(budget, "SAMPLERS", dict(budget.SAMPLERS))
+    monkeypatch.setattr(budget, "SAMPLERS", budget.SAMPLERS.copy())
 
     @budget.sampler("two_point")
     @dataclasses.dataclass(frozen=True)

@@ -12,7 +12,6 @@ import pytest
 
 from bmrl.assembly import (
     build_run,
-    eval_split,
     python_splits,
     split_tasks,
     suite_line,
@@ -172,5 +171,5 @@ def test_python_env_summary_reports_content_split(tmp_path):
     line = suite_line(summary)
     assert "disjoint by task content (2 repeated task(s)" in line and "0 of the 4 test tasks repeat a training task" \
         in line
-    assert eval_split(cfg, run) == "validation" and split_tasks(cfg, "test", 2, run=run) == task_splits(
+    assert run.player.eval_split() == "validation" and split_tasks(cfg, "test", 2, run=run) == task_splits(
         REPEATED).tasks["test"][:2]

@@ -146,7 +146,7 @@ def test_level_depends_only_on_the_task_seed():
 
 def test_make_errors_list_valid_names_and_options():
     tok = tiny_tokenizer()
-    with pytest.raises(ValueError, match=r"valid names are \[.*'corridor'.*'frozenlake'.*'toolchain'"):
+    with pytest.raises(ValueError, match=r"valid: corridor, frozenlake, keypad, sokoban, toolchain"):
         make("mazes", tok)
     with pytest.raises(TypeError, match=r"Unknown option\(s\) \['lenght'\].*show_budget=False.*length=8, eps=0.0"):
         make("corridor", tok, lenght=4)

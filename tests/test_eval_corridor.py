@@ -8,8 +8,8 @@ from bmrl.envs import make
 from bmrl.envs.corridor import corridor_success_prob
 from bmrl.rollout import make_noisy_oracle, oracle_policy
 from bmrl.eval.decompose import probe_accuracy, probe_set
-from bmrl.eval.evaluate import attach_injection, evaluate
-from bmrl.rollout import Injection, RolloutConfig, default_format
+from bmrl.eval.evaluate import attach_injection, evaluate, injection_at
+from bmrl.rollout import RolloutConfig, default_format
 
 L, EPS = 4, 0.3
 
@@ -47,7 +47,7 @@ def test_injected_error_at_turn_one_is_recovered_with_a_generous_cap(tiny_tokeni
     ts = [4, 5, 6, 10]
     clean = evaluate(oracle_policy, env, tasks, ts=ts, ks=[1], attempts=4, rollout_cfg=cfg, key=0, bootstrap=100)
     np.testing.assert_array_equal(clean.pass1()[0], [1, 1, 1, 1])
-    clean = attach_injection(clean, oracle_policy, env, tasks, turns=[0], prob=1.0, rollout_cfg=cfg, key=0)
+    clean = attach_injection(clean, oracle_policy, env, tasks, turns=[1], prob=1.0, rollout_cfg=cfg, key=0)  # 1-based
     inj = clean.injected
     assert inj.episodes.injected[:, 0].all() and not inj.episodes.injected[:, 1:].any()
     # The forced wrong move at turn 1 hits the wall (the agent starts at an end): one turn lost, so the
@@ -61,8 +61,23 @@ def test_injected_error_at_turn_one_is_recovered_with_a_generous_cap(tiny_tokeni
     assert s["pass1_by_T"]["4"] == 0.0 and s["pass1_by_T"]["10"] == 1.0
     # A noisy oracle recovers less often within a tight budget than with a generous one.
     noisy = evaluate(make_noisy_oracle(0.3), env, tasks, ts=[5, 10], ks=[1], attempts=8, rollout_cfg=cfg, key=0,
-                     inject=Injection.at(cfg.max_turns, [0], 1.0), bootstrap=100)
+                     inject=injection_at(cfg.max_turns, [1], 1.0), bootstrap=100)
     assert noisy.pass1()[0][0] < noisy.pass1()[0][1]
+
+
+def test_eval_settings_count_turns_from_one():
+    """One settings object from the config; turns 1-based for callers, 0-based only in the engine's mask."""
+    from bmrl.config import load
+    from bmrl.eval.settings import EvalSettings
+
+    cfg = load(None, ["reproduce.inject_turns=[3,1]", "reproduce.window=4", "eval.probe_states=5"])
+    assert EvalSettings.from_config(cfg) == EvalSettings(probe_states=5, inject_turns=(1, 3), window=4)
+    assert not EvalSettings.from_config(cfg, inject_turns=()).injects
+    assert np.flatnonzero(np.asarray(injection_at(4, [1, 3], 1.0).turns)).tolist() == [0, 2]
+    with pytest.raises(ValueError, match="1-based"):
+        EvalSettings(inject_turns=(0,))
+    with pytest.raises(ValueError, match="1-based"):
+        injection_at(4, [0], 1.0)
 
 
 def test_probe_set_is_fixed_and_scores_oracle_and_noisy_oracle(env):

@@ -1,7 +1,8 @@
 """The evaluation harness with a real (tiny, steered) language-model policy: one compile for the
 whole grid, exact == truncate exactly when the budget is hidden, the warning when it is shown,
-attempts that differ, the report and `bmrl eval`."""
+attempts that differ, the report and `bmrl eval` (whose F2 is `bmrl compare`'s)."""
 
+import functools
 import json
 import os
 
@@ -12,6 +13,7 @@ import yaml
 from bmrl.envs import make
 from bmrl.rollout import make_noisy_oracle, oracle_policy
 from bmrl.eval.evaluate import _truncate, evaluate
+from bmrl.eval.bootstrap import Interval
 from bmrl.eval.report import write_report
 from bmrl.rollout import RolloutConfig, default_format
 from bmrl.sampling import SamplingConfig
@@ -97,7 +99,9 @@ def test_report_for_two_policies_holds_the_numbers(tiny_tokenizer, tmp_path):
         name: evaluate(p, env, tasks, ts=[3, 5, 6], ks=[1, 2], attempts=4, rollout_cfg=cfg, key=0, bootstrap=200)
         for name, p in (("noisy", make_noisy_oracle(0.4)), ("oracle", oracle_policy))
     }
-    paths, summary = write_report(tmp_path, results, baseline="noisy")
+    from bmrl.study.findings import compare_f2
+
+    paths, summary = write_report(tmp_path, results, baseline="noisy", f2=functools.partial(compare_f2, num_resamples=200))
     for kind in ("json", "report", "heatmap_oracle", "heatmap_noisy", "pass1", "difference_oracle", "decomposition"):
         assert os.path.getsize(paths[kind]) > 0, kind
     text = open(paths["report"]).read()
@@ -108,27 +112,32 @@ def test_report_for_two_policies_holds_the_numbers(tiny_tokenizer, tmp_path):
         assert str(r.decomposition.decision_accuracy) in text
     comp = summary["comparisons"]["oracle - noisy"]
     assert comp["decision_accuracy"]["lower"] > 0  # the oracle decides better, significantly
-    assert "oracle - noisy" in comp["verdict"] and comp["verdict"] in text
+    f2 = compare_f2(results["noisy"], results["oracle"], num_resamples=200)  # what `bmrl compare` reads
+    assert comp["F2"]["verdict"] == f2.verdict.verdict and comp["F2"]["sentence"] == f2.sentence()
+    assert f"oracle - noisy: {f2.sentence()}" in text and f2.verdict.rule in text
     data = json.load(open(paths["json"]))
     diff = np.array(data["comparisons"]["oracle - noisy"]["surface"]["estimate"])
     np.testing.assert_allclose(diff, results["oracle"].surface.estimate - results["noisy"].surface.estimate, atol=1e-12)
     # One policy: no comparison, still a full report.
     paths1, summary1 = write_report(tmp_path / "one", {"oracle": results["oracle"]})
     assert summary1["comparisons"] == {} and "## oracle" in open(paths1["report"]).read()
+    _, plain = write_report(tmp_path / "plain", results, baseline="noisy", plot=False)  # no F2 given: no verdict
+    assert "F2" not in plain["comparisons"]["oracle - noisy"]
     with pytest.raises(ValueError, match="baseline"):
         write_report(tmp_path, results, baseline="nobody")
 
 
-def test_bmrl_eval_command(tiny_tokenizer, tmp_path):
-    from bmrl.cli import main
+def _two_policies_and_config(tiny_tokenizer, tmp_path, noise=(0.0, 0.0)):
+    """Two saved steered policies (`noise` each) and the tiny config of the `bmrl eval` tests: (policy
+    dirs, config path)."""
     from bmrl.model import save_pretrained
 
     env = make("corridor", tiny_tokenizer, length=3, eps=0.2)
     fmt = default_format(env)
     dirs = []
-    for seed in (1, 2):
+    for seed, n in zip((1, 2), noise):
         d = str(tmp_path / f"pol{seed}")
-        save_pretrained(steered_policy(env, fmt, seed=seed, scale=3.0), tiny_tokenizer, d)
+        save_pretrained(steered_policy(env, fmt, seed=seed, scale=3.0, noise=n), tiny_tokenizer, d)
         dirs.append(d)
     config = {
         "out_dir": str(tmp_path / "run"),
@@ -140,12 +149,46 @@ def test_bmrl_eval_command(tiny_tokenizer, tmp_path):
     }
     path = tmp_path / "cfg.yaml"
     path.write_text(yaml.safe_dump(config))
+    return dirs, path
+
+
+def test_bmrl_eval_command(tiny_tokenizer, tmp_path):
+    from bmrl.cli import main
+
+    dirs, path = _two_policies_and_config(tiny_tokenizer, tmp_path)
     out = tmp_path / "eval"
     rc = main(["eval", "--config", str(path), "--policy", dirs[0], "--policy", dirs[1], "--names", "a,b", "--out", str(out)])
     assert rc == 0
     data = json.load(open(out / "results.json"))
     assert set(data["policies"]) == {"a", "b"} and "b - a" in data["comparisons"]
+    assert data["comparisons"]["b - a"]["F2"]["verdict"] in ("as_study", "opposite", "inconclusive")
     assert data["policies"]["a"]["probe"]["states"] == 8
     assert data["policies"]["a"]["injected_eval"]["injection"] == {"turns": [1], "prob": 1.0}
     assert (out / "report.md").exists() and (out / "heatmap_a.png").exists()
     assert main(["eval", "--config", str(path), "--policy", dirs[0], "--names", "a,b", "--out", str(out)]) == 2
+
+
+def test_eval_baseline_and_compare_read_one_f2(tiny_tokenizer, tmp_path, capsys):
+    """Decisions or recovery has one answer: `bmrl eval --baseline` and `bmrl compare` on the same two
+    policies print and store the same F2 finding (verdict, sentence, D = dRec - dClean interval)."""
+    from bmrl.cli import main
+
+    dirs, path = _two_policies_and_config(tiny_tokenizer, tmp_path, noise=(0.0, 0.2))  # two different policies
+    assert main(["eval", "--config", str(path), "--policy", dirs[0], "--policy", dirs[1], "--names", "a,b",
+                 "--baseline", "a", "--out", str(tmp_path / "eval"), "--no-plots", "--inject-turns", "none",
+                 "eval.probe_states=0"]) == 0
+    eval_out = capsys.readouterr().out
+    assert main(["compare", "--config", str(path), "--base", dirs[0], "--trained", dirs[1],
+                 "--out", str(tmp_path / "cmp")]) == 0
+    compare_out = capsys.readouterr().out
+    ev = json.load(open(tmp_path / "eval" / "results.json"))["comparisons"]["b - a"]["F2"]
+    cmp = json.load(open(tmp_path / "cmp" / "summary.json"))["findings"]["F2"]
+    assert ev["verdict"] == cmp["verdict"] and ev["rule"] == cmp["rule"]
+    assert ev["sentence"] == cmp["sentence"] and cmp["sentence"] in eval_out and cmp["sentence"] in compare_out
+    for stat in ("recovery_minus_clean", "delta_clean_accuracy", "delta_recovery_accuracy"):
+        d_eval, d_cmp = Interval.of(ev["intervals"][stat]), Interval.of(cmp["intervals"][stat])
+        np.testing.assert_array_equal([d_eval.mean, d_eval.lower, d_eval.upper, d_eval.num_tasks],
+                                      [d_cmp.mean, d_cmp.lower, d_cmp.upper, d_cmp.num_tasks])
+    assert ev["shared_states"] == cmp["shared_states"]
+    report = (tmp_path / "eval" / "report.md").read_text()
+    assert f"b - a: {cmp['sentence']}" in report and "separates" not in report  # no second rule

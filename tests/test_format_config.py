@@ -80,7 +80,7 @@ def qwen_dir(tmp_path_factory) -> str:
 def test_train_parses_replies_with_the_run_format(qwen_dir, tmp_path, monkeypatch):
     """A 1-step `train` with think_answer: the rollout and the evaluator get the run's format, and the
     steered policy's tagged replies are read as actions (an action-format run would find none)."""
-    import bmrl.assembly.players as players_lib
+    import bmrl.assembly.jax_player as players_lib
     import bmrl.train as train_lib
 
     used = []

@@ -13,7 +13,7 @@ _spec.loader.exec_module(layering)
 
 # Low to high; a module may import its own layer and those below. The longest matching prefix decides.
 LAYERS = [
-    ("core", ["bmrl", "bmrl.compiles", "bmrl.compile_cache", "bmrl.sampling", "bmrl.parallel", "bmrl.distributed",
+    ("core", ["bmrl", "bmrl.compiles", "bmrl.compile_cache", "bmrl.registry", "bmrl.sampling", "bmrl.parallel", "bmrl.distributed",
               "bmrl.metrics"]),
     ("text, envs, model, data", ["bmrl.model", "bmrl.formats", "bmrl.chat", "bmrl.generate", "bmrl.envs", "bmrl.data",
                                  "bmrl.budget"]),
@@ -71,3 +71,11 @@ def test_imports_point_down():
 def test_cycle_finder_finds_a_cycle():
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert layering.cycles(graph) == [["a", "b", "c"]]
+
+
+def test_the_env_kind_is_asked_in_one_place():
+    """Below the config (which says which keys apply to which kind), only `player_class` asks the env kind:
+    everything else that differs between a JAX and a Python env is a method of the two players."""
+    known, _ = _graph()
+    forks = [(m, line) for m, _, line in layering.forks(known) if not m.startswith("bmrl.config")]
+    assert forks == [("bmrl.assembly.players", 'return HostPlayer if cfg.env.kind == "python" else JaxPlayer')]

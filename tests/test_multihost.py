@@ -4,9 +4,9 @@ Two workers (this file run as a script) start `jax.distributed` through `bmrl.di
 (coordinator 127.0.0.1 on a free port, 2 CPU devices each), build one mesh over all 4 devices with
 `bmrl.parallel.make_mesh`, place the tiny decoder's parameters by the partition rules (fsdp across
 the processes, tensor within each), feed each process only its half of every global batch
-(`split_batch` + `make_array_from_process_local_data`) and run a few steps of the jitted RL update
-(`bmrl.learn.step.make_update`). The pytest process runs the same steps on one device with the
-whole batch; losses and final parameters must agree to float tolerance.
+(`split_batch` of tests/distributed_helpers.py + `make_array_from_process_local_data`) and run a few
+steps of the jitted RL update (`bmrl.learn.step.make_update`). The pytest process runs the same steps
+on one device with the whole batch; losses and final parameters must agree to float tolerance.
 
 Also here: `resolve_settings` (which settings start jax.distributed, pure) and the single-process
 no-op. The `tpu/` scripts and real-model configs are tested in tests/test_tpu_scripts.py.
@@ -133,6 +133,7 @@ def worker(out_path: str) -> int:
         print(f"jax.distributed could not start: {type(err).__name__}: {err}", file=sys.stderr)
         return INIT_FAILED
     from bmrl.parallel import MeshConfig, make_mesh
+    from tests.distributed_helpers import split_batch
 
     mesh = make_mesh(MeshConfig(**MESH))
     rows = distributed.local_rows(mesh, B)
@@ -143,7 +144,7 @@ def worker(out_path: str) -> int:
         odd_batch_error = str(err)
 
     def feed(step):
-        local = distributed.split_batch(host_batch(step), mesh)  # this process's rows only
+        local = split_batch(host_batch(step), mesh)  # this process's rows only
         return distributed.global_batch_array(mesh, local, B)
 
     result = train_steps(mesh, feed)
@@ -161,8 +162,8 @@ def _single_process_reference() -> dict:
     """The same steps in this (pytest) process, one device, the whole batch."""
     import jax
 
-    from bmrl.distributed import shard_host_batch
     from bmrl.parallel import MeshConfig, make_mesh
+    from tests.distributed_helpers import shard_host_batch
 
     mesh = make_mesh(MeshConfig(1, 1, 1), devices=jax.devices()[:1])
     return train_steps(mesh, lambda step: shard_host_batch(host_batch(step), mesh))

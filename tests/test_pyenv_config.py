@@ -139,6 +139,7 @@ def test_wrapped_corridor_evaluates_like_the_compiled_one(tmp_path, tiny_tokeniz
     from bmrl.assembly import split_tasks
     from bmrl.config import build, load
     from bmrl.eval.run import evaluate_policies
+    from bmrl.eval.settings import EvalSettings
 
     base = {
         "seed": 3, "env": {"name": "corridor", "options": {"length": 3, "eps": 0.2}},
@@ -157,11 +158,12 @@ def test_wrapped_corridor_evaluates_like_the_compiled_one(tmp_path, tiny_tokeniz
               data={"tasks": "tasks.jsonl"})
     (tmp_path / "py.yaml").write_text(json.dumps(py))
     policies = {"p": (corridor_policy, tiny_tokenizer)}
-    quiet = {"inject_turns": (), "log": lambda msg: None}
+    quiet = lambda msg: None  # noqa: E731
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        jax_res = evaluate_policies(build(base), policies, **quiet)["p"]
-        py_res = evaluate_policies(load(tmp_path / "py.yaml"), policies, **quiet)["p"]
+        jax_cfg, py_cfg = build(base), load(tmp_path / "py.yaml")
+        jax_res = evaluate_policies(jax_cfg, policies, EvalSettings.from_config(jax_cfg, inject_turns=()), log=quiet)["p"]
+        py_res = evaluate_policies(py_cfg, policies, EvalSettings.from_config(py_cfg, inject_turns=()), log=quiet)["p"]
     assert py_res.faults == 0 and jax_res.faults is None
     np.testing.assert_array_equal(py_res.first_success_turn, jax_res.first_success_turn)
     np.testing.assert_array_equal(py_res.surface.estimate, jax_res.surface.estimate)

@@ -10,6 +10,7 @@ import pytest
 from bmrl.cli import main
 from bmrl.config import load
 from bmrl.eval.bootstrap import NAN_INTERVAL, mean_interval
+from bmrl.eval.streams import STREAMS
 from bmrl.study.findings import BASE, F2_MEASURES, LEVELS, ON_POLICY, Finding, Study, f1_finding, f3_finding
 from bmrl.study.report import finding_sentences, summary_table
 from bmrl.study.verdicts import f2_verdict
@@ -45,13 +46,12 @@ def _study(pooled, rep, resamples):
     f1 = f1_finding(pooled[BASE]["surface"][:, k1, :], {n: pooled[n]["surface"][:, k1, :] for n in names if n != BASE},
                     TS, main=rep.generous, small_t=rep.small_t, num_resamples=resamples)
     gen, base = pooled[rep.generous], pooled[BASE]
-    on = {out: mean_interval(gen[m] - base[m], key=4 + i, num_resamples=resamples)
-          for i, (m, out) in enumerate(ON_POLICY) if m in gen}
+    on = {out: mean_interval(gen[m] - base[m], key=STREAMS[out], num_resamples=resamples) for m, out in ON_POLICY if m in gen}
     ivs = {m: NAN_INTERVAL for m in F2_MEASURES}
     f2 = Finding(f2_verdict(NAN_INTERVAL, NAN_INTERVAL, NAN_INTERVAL), ivs, levels=on)
     f3 = f3_finding({n: pooled[n]["surface"] for n in names}, rep.budgetmix, (rep.generous, rep.tight), KS,
                     num_resamples=resamples)
-    levels = {n: {m: mean_interval(pooled[n][m], key=12, num_resamples=resamples) for m in LEVELS if m in pooled[n]}
+    levels = {n: {m: mean_interval(pooled[n][m], key=STREAMS["level"], num_resamples=resamples) for m in LEVELS if m in pooled[n]}
               for n in names}
     return Study(f1, f2, f3, levels)
 

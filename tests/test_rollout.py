@@ -254,7 +254,7 @@ def test_compaction_chunks_divide_the_batch():
     at least compact_min_rows); compaction off (or a batch too small to split) is the whole batch;
     on by default on CPU (the config's platform default and RolloutConfig agree); a step count below 1
     is refused with the fix."""
-    from bmrl.assembly.env import platform_default
+    from bmrl.assembly.settings import platform_default
     from bmrl.config.schema import RolloutCfg
 
     def chunk(batch, min_rows, steps=4):
@@ -276,7 +276,7 @@ def test_rollout_speed_knobs_take_the_platform_default_only_when_null(monkeypatc
     """Left null, compaction and the cache's attention block follow the platform (on by default and 64
     keys on CPU; off and 256 keys on GPU/TPU, measured on an H200); a value in the config always wins."""
     from bmrl import config as config_lib
-    from bmrl.assembly import env as env_build
+    from bmrl.assembly import settings as env_build
 
     def resolved(backend, **rollout):
         monkeypatch.setattr(env_build.jax, "default_backend", lambda: backend)

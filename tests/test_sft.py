@@ -119,15 +119,15 @@ def test_bad_sft_config_exits_2_and_writes_nothing(tmp_path, capsys):
 
 
 def test_check_fits_refuses_and_warns(tiny_tokenizer):
-    from bmrl.assembly import check_fits, make_budget, make_env
+    from bmrl.assembly import JaxPlayer, make_budget
     from bmrl.rollout import default_format
 
     cfg = build({}, ["env.options={length: 4}", "rollout.max_len=200", "rollout.max_turns=12", "eval.ts=[1,4,8]",
                      "budget.kind=mix", "budget.budgets=[2,8]"])
-    env = make_env(cfg, tiny_tokenizer)
+    env = JaxPlayer.make_env(cfg, tiny_tokenizer)
     with pytest.warns(UserWarning, match="largest cap"):
-        problems = check_fits(cfg, env, default_format(env), make_budget(cfg.budget))
+        problems = JaxPlayer(cfg, env, default_format(env)).check_fits(make_budget(cfg.budget))
     assert problems
     with pytest.raises(ConfigError, match="rollout.max_reply_tokens"):
         bad = build({}, ["rollout.max_reply_tokens=1"])
-        check_fits(bad, env, default_format(env), make_budget(bad.budget))
+        JaxPlayer(bad, env, default_format(env)).check_fits(make_budget(bad.budget))

@@ -256,15 +256,20 @@ def test_dry_run_lists_runs_and_writes_nothing(tmp_path, capsys, fake):
 
 
 def test_lazy_commands_and_registration(monkeypatch):
-    assert sweep_lib.COMMANDS["train"] == "bmrl.train:train" and sweep_lib.COMMANDS["sft"] == "bmrl.sft:run_sft"
-    monkeypatch.setitem(sweep_lib.COMMANDS, "ghost", "bmrl.no_such_module:run")
-    with pytest.raises(ConfigError, match="needs bmrl.no_such_module, which this install does not have"):
+    from bmrl.registry import Registry
+    from bmrl.sft import run_sft
+
+    assert sweep_lib.resolve_command("sft") is run_sft
+    monkeypatch.setattr(sweep_lib, "COMMANDS", Registry("sweep command", {"ghost": "bmrl.no_such_module:run",
+                                                                          "phantom": "bmrl.sweep:no_such_function"}))
+    with pytest.raises(ConfigError, match="'ghost' cannot run: .*bmrl.no_such_module is not available"):
         sweep_lib.resolve_command("ghost")
-    monkeypatch.setitem(sweep_lib.COMMANDS, "ghost", "bmrl.sweep:no_such_function")
     with pytest.raises(ConfigError, match="has no no_such_function"):
-        sweep_lib.resolve_command("ghost")
-    sweep_lib.register_command("ghost", Fake())
-    assert isinstance(sweep_lib.resolve_command("ghost"), Fake)
+        sweep_lib.resolve_command("phantom")
+    with pytest.raises(ConfigError, match="'train' is not a sweep command; choose one of: ghost, phantom"):
+        sweep_lib.resolve_command("train")
+    sweep_lib.register_command("spirit", Fake())
+    assert isinstance(sweep_lib.resolve_command("spirit"), Fake)
 
 
 def test_config_command_sweep(tmp_path, capsys):

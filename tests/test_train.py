@@ -310,7 +310,7 @@ def test_compile_count_constant_whatever_budgets(tmp_path):
     cfg = tiny_cfg(tmp_path)
     t = cfg.train
     model, tok = policy_lib.load_policy(str(out / "policy"))
-    env = policy_lib.make_env(cfg, tok)
+    env = policy_lib.player_class(cfg).make_env(cfg, tok)
     rcfg = policy_lib.rollout_config(cfg)
     mesh = make_mesh(policy_lib.mesh_config(cfg))
     graphdef, params = nnx.split(model)

@@ -1,6 +1,7 @@
 """Runtime facts of a run, checked once its env and format are built (`bmrl.assembly.build_run`), before
 anything is written: the context buffer against every cap, the reply limit against the longest action,
-a Python env's oracle for SFT demonstrations. Static checks of the config are `bmrl.config.validate`.
+a Python env's oracle for SFT demonstrations. Each player (`bmrl.assembly.players`) runs the checks of
+its kind; static checks of the config are `bmrl.config.validate`.
 """
 
 from __future__ import annotations
@@ -8,7 +9,6 @@ from __future__ import annotations
 import warnings
 
 from bmrl.budget import cap_range
-from bmrl.assembly.env import is_host
 from bmrl.config import Config, ConfigError
 from bmrl.learn.demos import demo_tokens_needed
 from bmrl.rollout.scripts import NEXT_ORACLE
@@ -22,16 +22,16 @@ def fitting_cap(cfg: Config, env, fmt, cap: int) -> int:
     return cap
 
 
-def _check_reply(cfg: Config, env, fmt) -> None:
+def check_reply(cfg: Config, env, fmt, action: str = "action") -> None:
     """Refuse a `rollout.max_reply_tokens` that cannot hold the longest action (a Python env without
     action strings: one token) in the run's reply format (think_answer: inside its answer tags) plus
-    the stop token."""
+    the stop token. `action`: what the env's actions are called in the message."""
     longest = max(env.max_action_len, 1)
     need = getattr(fmt, "min_reply_tokens", lambda n: n + 1)(longest)
     have = cfg.rollout.max_reply_tokens
     if have >= need:
         return
-    what = f"the longest action{' string' if is_host(cfg) else ''} of {env.name} ({longest} tokens)"
+    what = f"the longest {action} of {env.name} ({longest} tokens)"
     if not env.max_action_len:
         what = f"a one-token action of {env.name} (it lists no action strings)"
     layout, fix = "plus the stop token", f"set it >= {need}"
@@ -42,11 +42,11 @@ def _check_reply(cfg: Config, env, fmt) -> None:
     raise ConfigError("rollout.max_reply_tokens", f"{have} cannot hold {what} {layout}; {fix}.")
 
 
-def _check_fits_python(cfg: Config, env, fmt) -> list[str]:
-    """A Python env's observations are known only as it runs: the buffer must hold the prompt, the
-    longest first observation of the tasks and one reply; longer episodes stop as overflow."""
+def check_first_turn(cfg: Config, env, fmt) -> list[str]:
+    """A Python env's buffer check: its observations are known only as it runs, so the buffer must hold
+    the prompt, the longest first observation of the tasks and one reply; longer episodes stop as overflow."""
     r = cfg.rollout
-    _check_reply(cfg, env, fmt)
+    check_reply(cfg, env, fmt, "action string")
     need = fmt.tokens_needed(1, env.max_obs_len, r.max_reply_tokens)
     if need > r.max_len:
         raise ConfigError("rollout.max_len", f"{r.max_len} cannot hold one turn of {env.name}: the prompt and the "
@@ -55,12 +55,10 @@ def _check_fits_python(cfg: Config, env, fmt) -> list[str]:
     return []
 
 
-def check_demos(cfg: Config, env) -> None:
+def check_oracle(cfg: Config, env) -> None:
     """Refuse a Python env whose oracle cannot be played before acting (`bmrl sft`, `bmrl reproduce`):
     reset's info must name `next_oracle_action` (a str) on the first train task, and a noisy oracle
-    (sft.noise > 0) draws its wrong actions from the env's `action_strings`. A JAX env always can."""
-    if not is_host(cfg):
-        return
+    (sft.noise > 0) draws its wrong actions from the env's `action_strings`. (A JAX env's always can.)"""
     entry = cfg.env.entry
     try:
         info = env.factory().reset(seed=0, options=env.split("train")[0])[1]
@@ -79,9 +77,9 @@ def check_demos(cfg: Config, env) -> None:
                           "finite action_strings list.")
 
 
-def check_fits(cfg: Config, env, fmt, budget) -> list[str]:
-    """Check the context buffer against the caps of `budget` and eval.ts; returns (and warns) the
-    non-fatal problems.
+def check_buffer(cfg: Config, env, fmt, budget) -> list[str]:
+    """A JAX env's buffer check: the context buffer against the caps of `budget` and eval.ts; returns
+    (and warns) the non-fatal problems.
 
     Refuses (`ConfigError`) a reply limit below the longest action in the run's reply format
     (`format.kind`; think_answer: inside the answer tags) plus its stop token, and a
@@ -90,10 +88,8 @@ def check_fits(cfg: Config, env, fmt, budget) -> list[str]:
     numbers, when the largest cap or a full SFT demonstration may not fit: such sequences stop
     early and are flagged as overflow (the worst case is rare: real replies are short).
     """
-    if is_host(cfg):
-        return _check_fits_python(cfg, env, fmt)
     r = cfg.rollout
-    _check_reply(cfg, env, fmt)
+    check_reply(cfg, env, fmt)
     smallest = min(cap_range(budget)[0], min(cfg.eval.ts))
     need = fmt.tokens_needed(smallest, env.max_obs_len, r.max_reply_tokens)
     if need > r.max_len:
@@ -123,4 +119,4 @@ def check_fits(cfg: Config, env, fmt, budget) -> list[str]:
     return problems
 
 
-__all__ = ["check_demos", "check_fits", "fitting_cap"]
+__all__ = ["check_buffer", "check_first_turn", "check_oracle", "check_reply", "fitting_cap"]

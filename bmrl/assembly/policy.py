@@ -13,9 +13,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from bmrl.assembly.env import is_host, python_parts
+from bmrl.assembly.players import player_class
 from bmrl.config import Config, ConfigError
-from bmrl.envs import corpus
 from bmrl.formats import add_tag_tokens
 from bmrl.model.config import ConfigError as ModelConfigError
 from bmrl.model.config import ModelConfig
@@ -24,7 +23,6 @@ from bmrl.model.hf import TOKENIZER_FILES, CheckpointError, from_pretrained, loa
 from bmrl.model.lora import LoRASpec, add_lora, merge_lora, spec_of
 from bmrl.model.peft import adapter_config, from_adapter_dir, is_adapter_dir
 from bmrl.model.tokenizer import load_tokenizer, train_tiny_tokenizer
-from bmrl.rollout.pyenv import DEFAULT_INSTRUCTIONS
 
 
 def build_tokenizer(cfg: Config, parts: tuple | None = None):
@@ -36,7 +34,8 @@ def build_tokenizer(cfg: Config, parts: tuple | None = None):
     With `format.kind=think_answer` the tiny tokenizer also gets the think/answer tags as special
     tokens (`bmrl.formats.add_tag_tokens`): short replies, and tags that never merge with the text.
     Deterministic: the same env (and tasks), vocab size and format kind always give the same vocabulary.
-    `parts`: a Python env's `python_parts(cfg)` when the caller has them already (read once per run).
+    `parts`: what the player read before the tokenizer (`player_class(cfg).prepare(cfg)`), when the
+    caller has it already (a Python env's entry and task file are read once per run).
     """
     if cfg.model.path is not None:
         return _hf_tokenizer(cfg.model.path)
@@ -47,16 +46,7 @@ def build_tokenizer(cfg: Config, parts: tuple | None = None):
 
 
 def _tiny_tokenizer(cfg: Config, parts: tuple | None):
-    if is_host(cfg):
-        factory, _, observations = parts or python_parts(cfg)
-        probe = factory()
-        texts = [str(getattr(probe, "instructions", None) or DEFAULT_INSTRUCTIONS), *observations,
-                 *(str(a) for a in (getattr(probe, "action_strings", None) or ()))]
-    else:
-        try:
-            texts = corpus([cfg.env.name], observations=False)
-        except ValueError as err:
-            raise ConfigError("env.name", str(err)) from None
+    texts = player_class(cfg).tokenizer_texts(cfg, parts)
     try:
         return train_tiny_tokenizer(texts, vocab_size=cfg.model.vocab_size)
     except ValueError as err:

@@ -13,20 +13,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from bmrl.assembly.env import (env_name, is_host, make_env, mesh_config, python_parts, replays_states, rollout_config,
-                             run_format)
-from bmrl.assembly.players import HostPlayer, JaxPlayer
+from bmrl.assembly.players import player_class
 from bmrl.assembly.policy import build_tokenizer
-from bmrl.assembly.checks import check_demos, check_fits
+from bmrl.assembly.settings import mesh_config, rollout_config
 from bmrl.config import Config, check_reproduce, make_budget
-
-
-def make_player(cfg: Config, env: Any, fmt: Any) -> JaxPlayer | HostPlayer:
-    """The player of `env` (module `bmrl.assembly.players`): the one place a run's env kind picks its path."""
-    if is_host(cfg):
-        return HostPlayer(env, fmt, label=env_name(cfg), options=dict(cfg.env.options), replays_states=replays_states(cfg))
-    return JaxPlayer(cfg, env, fmt, label=f"{env.name} {env.options}", options=dict(env.options),
-                     replays_states=replays_states(cfg))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,7 +32,7 @@ class Run:
     rollout: Any  # bmrl.rollout.RolloutConfig of training rollouts (rollout.temperature)
     eval_rollout: Any  # the same at eval.temperature
     mesh: Any  # bmrl.parallel.MeshConfig, checked against the devices
-    player: Any = None  # JaxPlayer or HostPlayer of env and fmt (make_player): how the run plays its env
+    player: Any = None  # JaxPlayer or HostPlayer of env and fmt (`player_class`): how the run plays its env
     warnings: tuple[str, ...] = ()  # non-fatal problems of the context buffer (see check_fits)
 
 
@@ -55,14 +45,15 @@ def build_run(cfg: Config, tokenizer=None) -> Run:
     action in the reply format,
     the mesh against the devices. Raises ConfigError naming the key.
     """
-    parts = python_parts(cfg) if is_host(cfg) else None  # user code imported and reset once
+    kind = player_class(cfg)
+    parts = kind.prepare(cfg)  # a Python env's user code imported and reset once
     tokenizer = build_tokenizer(cfg, parts) if tokenizer is None else tokenizer
-    env = make_env(cfg, tokenizer, parts)
-    fmt = run_format(cfg, env)
+    env = kind.make_env(cfg, tokenizer, parts)
+    player = kind(cfg, env, kind.make_format(cfg, env))
     budget = make_budget(cfg.budget)
-    problems = check_fits(cfg, env, fmt, budget)
-    return Run(cfg, tokenizer, env, fmt, budget, rollout_config(cfg), rollout_config(cfg, for_eval=True),
-               mesh_config(cfg), make_player(cfg, env, fmt), tuple(problems))
+    problems = player.check_fits(budget)
+    return Run(cfg, tokenizer, env, player.fmt, budget, rollout_config(cfg), rollout_config(cfg, for_eval=True),
+               mesh_config(cfg), player, tuple(problems))
 
 
 def build_reproduce_run(cfg: Config) -> Run:
@@ -70,10 +61,10 @@ def build_reproduce_run(cfg: Config) -> Run:
     against the context buffer (each RL stage's), before anything is written."""
     budgets = check_reproduce(cfg)
     run = build_run(cfg)
-    check_demos(cfg, run.env)  # the SFT base plays the env's oracle (a Python env must name it)
+    run.player.check_demos()  # the SFT base plays the env's oracle (a Python env must name it)
     for budget in budgets.values():
-        check_fits(cfg, run.env, run.fmt, budget)
+        run.player.check_fits(budget)
     return run
 
 
-__all__ = ["Run", "build_reproduce_run", "build_run", "make_player"]
+__all__ = ["Run", "build_reproduce_run", "build_run"]

@@ -1,20 +1,18 @@
-"""The tasks of a run: train / validation / test splits, disjoint by content (`bmrl.data.suites`), of a JAX
-env's levels (seeds) or a Python env's task file, and how they were split (for reports).
+"""A JAX env's tasks: train / validation / test splits of its levels (seeds), disjoint by content
+(`bmrl.data.suites`), and how they were split (for reports). A Python env's come from its task file
+(`bmrl.assembly.python_env`); a run asks its player (`bmrl.assembly.players.split_tasks`).
 
-    tasks = split_tasks(cfg, "test", cfg.eval.num_tasks, run=run)   # {"seed": int32[n]}, or n task dicts
-    summary = suite_summary(cfg, run)
+    seeds = level_seeds(cfg, "test", cfg.eval.num_tasks, env)   # int32[n]
+    summary = level_summary(cfg, env)
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from bmrl.assembly.env import is_host, make_env, python_splits
-from bmrl.config import Config, ConfigError
-from bmrl.data import level_hashes, suite_overlap
+from bmrl.config import Config
+from bmrl.data import suite_overlap
 from bmrl.data.suites import compute_splits, read_suite, suite_name
-from bmrl.envs import _CharTokenizer
-from bmrl.envs.python.tasks import TaskFileError, read_tasks
 
 
 def suite_sizes(cfg: Config) -> dict[str, int]:
@@ -30,13 +28,12 @@ def data_dir(cfg: Config) -> str | None:
     return cfg.data.data_dir
 
 
-def run_splits(cfg: Config, run: Any = None, sizes: dict[str, int] | None = None):
-    """The `bmrl.data.Splits` of a JAX env's run (`run.env`'s levels, else the env of `cfg`).
+def run_splits(cfg: Config, env: Any, sizes: dict[str, int] | None = None):
+    """The `bmrl.data.Splits` of the levels of JAX env `env`.
 
     Stored under `data.data_dir` (TFDS array_record, built once, then read back) when it is set; else
     computed in memory (once per process), the same splits.
     """
-    env = run.env if run is not None else make_env(cfg, _CharTokenizer())  # levels need no tokenizer
     sizes = sizes or suite_sizes(cfg)
     if cfg.data.data_dir is not None:
         return read_suite(env, sizes, cfg.data.data_dir)
@@ -54,50 +51,22 @@ def _memo(compute, env, sizes):
     return _SPLITS[key]
 
 
-def split_tasks(cfg: Config, split: str, n: int | None = None, run: Any = None) -> Any:
-    """The first n tasks of `split` ("train", "validation" or "test"): `{"seed": int32[n]}` of a JAX
-    env (default n: its size, `suite_sizes`; `run_splits` says how the splits are made); for a
-    Python env the first n (default all) of `run.env`'s task dicts (`python_splits`)."""
-    if is_host(cfg):
-        if run is None:
-            raise ValueError("the tasks of a Python env live in its Run: pass run=build_run(cfg).")
-        return run.env.split(split, n)
+def level_seeds(cfg: Config, split: str, n: int | None, env: Any) -> Any:
+    """The first n (default: the split's size, `suite_sizes`) level seeds of `split` ("train",
+    "validation" or "test") of JAX env `env`: int32[n]."""
     sizes = suite_sizes(cfg)
     if split not in sizes:
         raise ValueError(f"Unknown split {split!r}; valid splits are {list(sizes)}.")
     n = sizes[split] if n is None else n
-    return {"seed": run_splits(cfg, run, {**sizes, split: max(sizes[split], n)}).head(split, n)}
+    return run_splits(cfg, env, {**sizes, split: max(sizes[split], n)}).head(split, n)
 
 
-def eval_split(cfg: Config, run: Any = None) -> str:
-    """The split that training-time evaluation reads: validation (a Python env whose task file put no
-    task in it: test)."""
-    if is_host(cfg) and not split_tasks(cfg, "validation", run=run):
-        return "test"
-    return "validation"
-
-
-def suite_summary(cfg: Config, run: Any = None) -> dict:
-    """How the run's tasks were split, for reports: the split sizes, `overlap` = how many of the
-    `eval.num_tasks` test tasks have a level (content hash) among the training tasks', `disjoint_by`
-    ("content", or "seed" for a JAX env with too few levels) and `path` (the stored suites' directory,
-    or None); a Python env's also `duplicates` (its task file's repeated tasks, dropped)."""
+def level_summary(cfg: Config, env: Any) -> dict:
+    """`bmrl.assembly.players.suite_summary` of a JAX env: the split sizes, the overlap of the first
+    `eval.num_tasks` test levels with the training levels (content hashes), `disjoint_by` ("content", or
+    "seed" with too few levels) and `path`."""
     n = max(cfg.eval.num_tasks, 1)
-    if is_host(cfg):
-        if run is None:  # the task file's splits, without importing the env
-
-            try:
-                splits = python_splits(cfg, read_tasks(cfg.data.tasks))
-            except TaskFileError as err:
-                raise ConfigError("data.tasks", str(err)) from None
-            tasks, duplicates = splits.tasks, splits.duplicates
-        else:
-            tasks, duplicates = run.env.tasks, run.env.duplicates
-        train, val, test = tasks["train"], tasks["validation"], tasks["test"][:n]
-        overlap = suite_overlap(level_hashes(None, train), level_hashes(None, test))
-        return {"train": len(train), "validation": len(val), "test": len(test), "overlap": overlap,
-                "disjoint_by": "content", "duplicates": duplicates, "path": data_dir(cfg)}
-    splits = run_splits(cfg, run)
+    splits = run_splits(cfg, env)
     return {**{s: len(v) for s, v in splits.seeds.items()}, "test": n,
             "overlap": suite_overlap(splits.hashes["train"], splits.hashes["test"][:n]), "disjoint_by": splits.by,
             "path": data_dir(cfg)}
@@ -117,4 +86,4 @@ def suite_line(suites: dict) -> str:
     return line
 
 
-__all__ = ["data_dir", "eval_split", "run_splits", "split_tasks", "suite_line", "suite_sizes", "suite_summary"]
+__all__ = ["data_dir", "level_seeds", "level_summary", "run_splits", "suite_line", "suite_sizes"]

@@ -131,7 +131,7 @@ def _run(args: argparse.Namespace, cfg) -> int:
                                         **({} if name in loaded else {"fmt": None}))
     suites = pol.suite_summary(cfg, run)  # how the test tasks were held out, and how many repeat a training level
     findings = compare_findings(results["base"], results["trained"], num_resamples=e.bootstrap)
-    env_name = pol.env_label(cfg)
+    env_name = pol.player_class(cfg).compare_label(cfg)
     settings = {"config": args.config, "base": args.base, "trained": args.trained, "env": f"{env_name} {dict(cfg.env.options)}",
                 "tasks": f"{e.num_tasks} held-out test tasks x {e.attempts} attempts", "T grid": list(e.ts), "mode": e.mode,
                 "seed": cfg.seed, "bootstrap resamples": e.bootstrap}

@@ -15,12 +15,6 @@ import os
 import sys
 from typing import Any
 
-ESTIMATOR = (
-    "unbiased per task with its own n: pass@(k,T) = 1 - C(n - c(T), k) / C(n, k), c(T) = attempts "
-    "that first succeeded at a turn <= T, averaged over tasks; percentile bootstrap over tasks"
-)
-
-
 MAX_GRID_POINTS = 4096  # values of --ks or --ts
 DEFAULT_TS_POINTS = 128  # the default T grid: every turn up to this many, else log-spaced
 MAX_RESAMPLES = 100_000
@@ -232,11 +226,12 @@ def _run(args: argparse.Namespace, fields: Any) -> int:
 def _analyse(args, names, logs, ks, ts, cap) -> tuple[dict, str, dict, dict, Any]:
     """(passkt.json data, report.md text, CSV tables by file name, surfaces, paired difference)."""
     from bmrl.eval import audit
-    from bmrl.eval.bootstrap import surface_interval
+    from bmrl.eval.bootstrap import describe_estimator, surface_interval
 
     boot = dict(num_resamples=args.resamples, confidence=args.confidence)
     surfaces, tables, per_task = {}, {}, {}
-    result: dict[str, Any] = {"estimator": ESTIMATOR, "ks": ks, "ts": ts, "runs": {}, "audit": [], "warnings": []}
+    result: dict[str, Any] = {"estimator": describe_estimator(args.confidence), "ks": ks, "ts": ts, "runs": {},
+                              "audit": [], "warnings": []}
     for i, (name, log) in enumerate(zip(names, logs)):
         per_task[name] = log.per_task(ks, ts)
         s = surface_interval(per_task[name], ks, ts, key=args.seed + i, **boot)
@@ -312,7 +307,7 @@ def _report(names, logs, surfaces, diff, result, cap) -> str:
 
     ts = result["ts"]
     shown = ts if len(ts) <= 12 else sorted({ts[0], *ts[:: max(1, len(ts) // 8)], ts[-1], *( [cap] if cap else [])})
-    lines = ["# Pass@(K,T) from logs", "", f"Estimator: {ESTIMATOR}.", ""]
+    lines = ["# Pass@(K,T) from logs", "", f"Estimator: {result['estimator']}.", ""]
     if result["warnings"]:
         lines += ["## Warnings", ""] + [f"- {w}" for w in result["warnings"]] + [""]
     if result["audit"]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import importlib
 import inspect
 import io
 import os
@@ -58,6 +59,20 @@ def _fmt_default(value: Any) -> str:
     return yaml.safe_dump(_plain_data(value), default_flow_style=True).strip().removesuffix("\n...")
 
 
+# Keys whose values name a registry entry: the docs list the registry's names (never a hand-kept list).
+REGISTRIES = {"model.model_type": ("bmrl.model.families", "FAMILIES"), "env.name": ("bmrl.envs", "ENVS"),
+              "budget.kind": ("bmrl.budget", "SAMPLERS"), "train.advantage": ("bmrl.learn", "ADVANTAGES"),
+              "train.loss": ("bmrl.learn", "LOSSES")}
+
+
+def registered(key: str) -> str:
+    """' (one of: a, b, c)' for a key of `REGISTRIES`, read from the registry; '' for any other key."""
+    if key not in REGISTRIES:
+        return ""
+    module, name = REGISTRIES[key]
+    return f" (one of: {', '.join(getattr(importlib.import_module(module), name))})"
+
+
 def schema_markdown(cfg: Any = None, prefix: str = "") -> str:
     """Every section and key of the schema with type, default and meaning, as markdown tables."""
     cfg = Config() if cfg is None else cfg
@@ -70,7 +85,7 @@ def schema_markdown(cfg: Any = None, prefix: str = "") -> str:
             sections.append(schema_markdown(value, f"{prefix}{f.name}."))
             continue
         default = _fmt_default(value).replace("|", "\\|")
-        meaning = notes.get(f.name, "").replace("|", "\\|")
+        meaning = (notes.get(f.name, "") + registered(f"{prefix}{f.name}")).replace("|", "\\|")
         rows.append(f"| `{prefix}{f.name}` | {type_name(hints[f.name])} | `{default}` | {meaning} |")
     title = prefix.rstrip(".") or "top level"
     doc = cls.__doc__ or ""

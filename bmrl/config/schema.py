@@ -14,6 +14,8 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from bmrl.eval.settings import EvalSettings  # the evaluation defaults (bmrl.eval.settings), read by eval.* and reproduce.*
+
 class ConfigError(ValueError):
     """An invalid configuration: `key` is the dotted key at fault."""
 
@@ -37,7 +39,7 @@ class ModelCfg:
     """The policy: a local Hugging Face directory, or a tiny decoder trained from scratch."""
 
     path: Optional[str] = None  # local HF directory; null = tiny model + tiny tokenizer from scratch
-    model_type: str = "llama"  # tiny model architecture: a family in bmrl.model.families, e.g. llama | qwen2 | qwen3 | mistral | gemma2 | gemma3_text (ignored with path)
+    model_type: str = "llama"  # tiny model architecture (ignored with path): a family of bmrl.model.families.FAMILIES
     vocab_size: int = 384  # tiny tokenizer's vocabulary (trained on the environments' text)
     hidden_size: int = 64  # tiny model width
     intermediate_size: int = 192  # tiny model MLP width
@@ -56,7 +58,7 @@ class EnvCfg:
     """The environment: a built-in JAX one by name, or your own Python one (Gymnasium-style, text)."""
 
     kind: str = "jax"  # jax (a built-in env, env.name) | python (your env.entry, tasks from data.tasks)
-    name: str = "corridor"  # jax: a name in bmrl.envs.ENVS: corridor | frozenlake | sokoban | toolchain
+    name: str = "corridor"  # jax: an environment of bmrl.envs.ENVS
     entry: Optional[str] = None  # python: "package.module:factory", called as factory(**env.options) for each new env
     path: Optional[str] = None  # python: directory searched before sys.path for env.entry's module; null = the config file's
     options: dict[str, Any] = field(default_factory=dict)  # jax: static env options, e.g. {length: 6}; python: the factory's kwargs
@@ -72,7 +74,7 @@ class BudgetCfg:
     """Turn caps per rollout: fixed (budgets[0]), mix (budgets with probs), uniform (lo..hi); a kind is a
     sampler of `bmrl.budget.SAMPLERS`, which reads the keys it names (a new one's own keys: `options`)."""
 
-    kind: str = "fixed"  # a sampler of bmrl.budget.SAMPLERS: fixed | mix | uniform
+    kind: str = "fixed"  # a sampler of bmrl.budget.SAMPLERS
     budgets: list[int] = field(default_factory=lambda: [8])  # turn caps; fixed takes exactly one
     probs: Optional[list[float]] = None  # mix only; null = uniform over budgets
     lo: int = 1  # uniform only: smallest cap
@@ -139,9 +141,9 @@ class TrainCfg:
     steps: int = 40  # RL steps (one rollout batch + update each)
     tasks_per_step: int = 16  # distinct tasks per rollout batch
     group_size: int = 8  # attempts per task (batch = tasks_per_step * group_size)
-    advantage: str = "grpo"  # grpo | rloo | reinforce (bmrl.learn.ADVANTAGES)
+    advantage: str = "grpo"  # an estimator of bmrl.learn.ADVANTAGES
     advantage_options: dict[str, Any] = field(default_factory=dict)  # keyword options of that estimator, e.g. {normalize_std: false} for grpo (Dr. GRPO)
-    loss: str = "ppo"  # ppo | pg (bmrl.learn.LOSSES)
+    loss: str = "ppo"  # a loss of bmrl.learn.LOSSES
     loss_options: dict[str, Any] = field(default_factory=dict)  # keyword options of that loss beyond the train.* ones, e.g. {clip_eps_high: 0.28} for ppo
     epochs: int = 1  # passes over each rollout batch
     minibatches: int = 1  # minibatches per epoch; must divide the batch
@@ -173,7 +175,7 @@ class EvalCfg:
     mode: str = "exact"  # exact (run each T for real) | truncate (one run at max T, cut) | both
     temperature: float = 1.0  # sampling temperature during evaluation (0 = greedy)
     bootstrap: int = 1000  # bootstrap resamples for intervals (0 = none)
-    probe_states: int = 256  # decision-accuracy probe set size
+    probe_states: int = EvalSettings.probe_states  # decision-accuracy probe set size
 
 
 @dataclass
@@ -223,10 +225,10 @@ class ReproduceCfg:
     tight: str = "fixed_short"  # the fixed tight-budget variant
     budgetmix: str = "budgetmix"  # the BudgetMix variant compared with both fixed ones
     small_t: int = 4  # the tight turn budget of finding 1 (must be in eval.ts)
-    inject_turns: list[int] = field(default_factory=lambda: [1])  # 1-based turns of the error-injection run ([] = none)
-    inject_prob: float = 1.0  # probability of a forced wrong action at those turns
-    probe_noise: float = 0.25  # noise of the oracle whose states form the decision-accuracy probe set
-    window: int = 3  # turns allowed to get back on track after an error
+    inject_turns: list[int] = field(default_factory=lambda: list(EvalSettings.inject_turns))  # 1-based turns of the error-injection run ([] = none); also bmrl eval's (--inject-turns)
+    inject_prob: float = EvalSettings.inject_prob  # probability of a forced wrong action at those turns; also bmrl eval's (--inject-prob)
+    probe_noise: float = EvalSettings.probe_noise  # noise of the oracle whose states form the decision-accuracy probe set; also bmrl eval's (--probe-noise)
+    window: int = EvalSettings.window  # turns allowed to get back on track after an error; also bmrl eval's (--window)
     process: dict[str, float] = field(default_factory=dict)  # variant -> train.process_coef: RL with a step reward from the env's (privileged) progress
 
 

@@ -60,7 +60,7 @@ def check_options(key: str, fn: Any, options: dict, taken: tuple[str, ...] = ())
 def _positive(cfg: Any, prefix: str, names: tuple[str, ...], minimum: int = 1) -> None:
     for name in names:
         value = getattr(cfg, name)
-        if value is not None and value < minimum:  # None: a platform default (`bmrl.assembly.env.rollout_config`)
+        if value is not None and value < minimum:  # None: a platform default (`bmrl.assembly.settings.rollout_config`)
             raise ConfigError(f"{prefix}.{name}", f"must be >= {minimum}, got {value}.")
 
 

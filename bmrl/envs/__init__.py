@@ -8,33 +8,24 @@ Environment modules are imported lazily, on first use of their name.
 
 from __future__ import annotations
 
-import importlib
-
 from bmrl.envs.base import INVALID, Env, Observation, Outcome, StepInfo
+from bmrl.registry import Registry
 
 __all__ = ["ENVS", "INVALID", "available_envs", "Env", "Observation", "Outcome", "StepInfo", "corpus", "env_class", "make"]
 
-# name -> "module:Class"
-ENVS: dict[str, str] = {
+# name -> its class, imported when first asked for
+ENVS: Registry[type[Env]] = Registry("environment", {
     "corridor": "bmrl.envs.corridor:Corridor",
     "frozenlake": "bmrl.envs.frozenlake:FrozenLake",
     "keypad": "bmrl.envs.keypad:Keypad",
     "sokoban": "bmrl.envs.sokoban:Sokoban",
     "toolchain": "bmrl.envs.toolchain:ToolChain",
-}
+})
 
 
 def env_class(name: str) -> type[Env]:
     """The class registered under `name`; unknown names fail with the list of valid ones."""
-    if name not in ENVS:
-        raise ValueError(f"Unknown environment {name!r}; valid names are {sorted(ENVS)}.")
-    module, cls = ENVS[name].split(":")
-    try:
-        return getattr(importlib.import_module(module), cls)
-    except ModuleNotFoundError as e:
-        if e.name == module:
-            raise ValueError(f"Environment {name!r} is registered but {module} is not available.") from e
-        raise
+    return ENVS.lookup(name)
 
 
 def make(name: str, tokenizer, **options) -> Env:

@@ -22,6 +22,9 @@ _EXPORTS = {
     "bootstrap_mean": "bmrl.eval.bootstrap",
     "bootstrap_pass_at_kt": "bmrl.eval.bootstrap",
     "paired_difference": "bmrl.eval.bootstrap",
+    "describe_estimator": "bmrl.eval.bootstrap",
+    "STREAMS": "bmrl.eval.streams",
+    "EvalSettings": "bmrl.eval.settings",
     "run_audit": "bmrl.eval.audit",
     "paired_audit": "bmrl.eval.audit",
     "budget_visibility_warning": "bmrl.eval.audit",
@@ -33,6 +36,7 @@ _EXPORTS = {
     "evaluate": "bmrl.eval.evaluate",
     "EvalResult": "bmrl.eval.evaluate",
     "attach_injection": "bmrl.eval.evaluate",
+    "injection_at": "bmrl.eval.evaluate",
     "attempt_keys": "bmrl.eval.evaluate",
     "Episodes": "bmrl.eval.decompose",
     "Decomposition": "bmrl.eval.decompose",
@@ -50,10 +54,12 @@ __all__ = sorted(_EXPORTS)
 
 if TYPE_CHECKING:
     from bmrl.eval.audit import budget_visibility_warning, markdown_surface_table, paired_audit, run_audit
-    from bmrl.eval.bootstrap import (Interval, SurfaceInterval, bootstrap_mean, bootstrap_pass_at_kt, mean_interval,
-                                     paired_difference)
+    from bmrl.eval.bootstrap import (Interval, SurfaceInterval, bootstrap_mean, bootstrap_pass_at_kt, describe_estimator,
+                                     mean_interval, paired_difference)
     from bmrl.eval.passkt import pass_at_kt, pass_at_kt_per_task, reference_pass_at_k, success_counts
     from bmrl.eval.plots import plot_difference_heatmap, plot_grouped_bars, plot_pass1_curves, plot_surface_heatmap
+    from bmrl.eval.settings import EvalSettings
+    from bmrl.eval.streams import STREAMS
 
 
 def __getattr__(name: str) -> Any:

@@ -370,6 +370,14 @@ def surface_interval(
     return SurfaceInterval(est, lo, hi, *_grid(ks, ts), float(confidence), int(num_resamples), int(per_task.shape[0]), num_groups)
 
 
+def describe_estimator(confidence: float) -> str:
+    """The estimator of every Pass@(K,T) surface and its intervals, in one sentence (reports of `bmrl eval`
+    and `bmrl passkt`); `confidence`: the intervals' level."""
+    return ("Pass@(K,T) is the unbiased estimator 1 - C(n - c(T), K) / C(n, K) per task, with the task's own n "
+            "attempts of which c(T) first succeeded within T turns, averaged over tasks; intervals are "
+            f"{100 * confidence:g}% percentile bootstraps over tasks")
+
+
 def bootstrap_pass_at_kt(
     first_success_turn: np.ndarray,
     ks: Sequence[int] | np.ndarray,

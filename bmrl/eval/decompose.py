@@ -36,6 +36,8 @@ from bmrl.rollout.engine import play
 from bmrl.rollout.model_policy import ModelPolicy
 from bmrl.rollout.policies import Replay, ReplayPolicy
 from bmrl.eval.bootstrap import Interval, bootstrap_mean, mean_interval
+from bmrl.eval.settings import EvalSettings
+from bmrl.eval.streams import STREAMS
 
 ERROR_KINDS = ("any", "decision", "env")
 
@@ -204,33 +206,36 @@ class Decomposition:
 
 
 def decompose_episodes(
-    ep: Episodes, *, window: int = 3, errors: str = "any", key: int = 0, num_resamples: int = 1000,
+    ep: Episodes, *, window: int = EvalSettings.window, errors: str = "any", key: int = 0, num_resamples: int = 1000,
     confidence: float = 0.95,
 ) -> Decomposition:
     """Decision accuracy, error rate, recovery (per first-error turn and pooled), back-on-track rate
-    and the first-error-turn histogram of `ep`, each with bootstrap intervals over tasks."""
+    and the first-error-turn histogram of `ep`, each with bootstrap intervals over tasks (each on its
+    stream of `STREAMS`, offset by `key`)."""
     boot = dict(num_resamples=num_resamples, confidence=confidence)
+    stream = {name: key + STREAMS[name] for name in ("decision_accuracy", "error_rate", "recovery", "back_on_track",
+                                                    "success", "first_error_hist", "recovery_by_turn")}
     by_turn, pooled = recovery_per_task(ep, errors)
     err = ep.errors(errors)
     err_rate = _ratio(ep.per_task(err).sum((1, 2)), ep.per_task(ep.turn_active).sum((1, 2)))
     track = back_on_track(ep, window, errors)
     track_task = np.array([np.nanmean(r) if np.isfinite(r).any() else np.nan for r in ep.per_task(track)])
     hist = first_error_histogram(ep, errors)
-    h_mean, h_lo, h_hi = bootstrap_mean(hist, key=key + 5, **boot)
+    h_mean, h_lo, h_hi = bootstrap_mean(hist, key=stream["first_error_hist"], **boot)
     recovery_t = {}
     for t in range(ep.max_turns):
         if np.isfinite(by_turn[:, t]).any():
-            recovery_t[t + 1] = mean_interval(by_turn[:, t], key=key + 100 + t, **boot)
+            recovery_t[t + 1] = mean_interval(by_turn[:, t], key=stream["recovery_by_turn"] + t, **boot)
     return Decomposition(
-        decision_accuracy=mean_interval(decision_accuracy_per_task(ep), key=key, **boot),
-        error_rate=mean_interval(err_rate, key=key + 1, **boot),
-        recovery=mean_interval(pooled, key=key + 2, **boot),
+        decision_accuracy=mean_interval(decision_accuracy_per_task(ep), key=stream["decision_accuracy"], **boot),
+        error_rate=mean_interval(err_rate, key=stream["error_rate"], **boot),
+        recovery=mean_interval(pooled, key=stream["recovery"], **boot),
         recovery_by_turn=recovery_t,
-        back_on_track=mean_interval(track_task, key=key + 3, **boot),
+        back_on_track=mean_interval(track_task, key=stream["back_on_track"], **boot),
         window=window,
         first_error_hist=np.asarray(h_mean), first_error_hist_lower=np.asarray(h_lo),
         first_error_hist_upper=np.asarray(h_hi),
-        success=mean_interval(ep.per_task(ep.success).mean(1), key=key + 4, **boot),
+        success=mean_interval(ep.per_task(ep.success).mean(1), key=stream["success"], **boot),
         errors=errors,
         num_attempts=int(ep.num_tasks * ep.attempts),
     )
@@ -287,8 +292,8 @@ class ProbeResult:
 
 
 def probe_set(
-    env, fmt, tasks: Mapping[str, Any], *, num_states: int, seed: int, noise: float = 0.25, num_turns: int,
-    max_len: int, reserve: int = 0,
+    env, fmt, tasks: Mapping[str, Any], *, num_states: int, seed: int, noise: float = EvalSettings.probe_noise,
+    num_turns: int, max_len: int, reserve: int = 0,
 ) -> ProbeSet:
     """`num_states` probe states: demo i plays task i mod N with the eps-noisy oracle (errors not
     cut) and one of its turns is drawn uniformly, among those whose context + `reserve` tokens (the
@@ -353,7 +358,7 @@ def probe_accuracy(policy, env, probes: ProbeSet, rollout_cfg, *, key: Any = 0, 
         raise TypeError(f"policy must be an nnx.Module or a scripted policy, got {type(policy).__name__}.")
     action = np.asarray(action, np.int32)
     correct = action == probes.oracle_action
-    acc = mean_interval(correct.astype(float), key=17, num_resamples=num_resamples, confidence=confidence)
+    acc = mean_interval(correct.astype(float), key=STREAMS["probe_accuracy"], num_resamples=num_resamples, confidence=confidence)
     return ProbeResult(action=action, correct=correct, turn=probes.turn, accuracy=acc, seed=probes.seed, noise=probes.noise)
 
 

@@ -48,6 +48,8 @@ from bmrl.envs.base import Env
 from bmrl.eval.bootstrap import Interval, SurfaceInterval, bootstrap_mean, mean_interval
 from bmrl.eval.decompose import Decomposition, Episodes, decompose_episodes
 from bmrl.eval.passkt import pass_at_kt_per_task
+from bmrl.eval.settings import EvalSettings
+from bmrl.eval.streams import STREAMS
 from bmrl.formats import Format
 from bmrl.rollout.engine import check_config, default_format, episode_program
 from bmrl.rollout.model_policy import ModelPolicy
@@ -114,7 +116,7 @@ class EvalResult:
             out["pass1_min_over_T"] = {"T": self.ts[j], **Interval(float(est[j]), float(lo[j]), float(hi[j]), n).to_dict()}
             out["pass1_at_max_T"] = {"T": self.ts[-1], **Interval(float(est[-1]), float(lo[-1]), float(hi[-1]), n).to_dict()}
             out["pass1_by_T"] = {str(t): float(v) for t, v in zip(self.ts, est)}
-        area = mean_interval(self.per_task.mean(axis=(1, 2)), key=7, num_resamples=self.surface.num_resamples)
+        area = mean_interval(self.per_task.mean(axis=(1, 2)), key=STREAMS["area"], num_resamples=self.surface.num_resamples)
         out["area"] = area.to_dict()
         d = self.decomposition
         out["decision_accuracy"] = d.decision_accuracy.to_dict()
@@ -280,7 +282,7 @@ def evaluate(
     bootstrap: int = 1000,
     inject: Injection | None = None,
     chunk_size: int = 256,
-    window: int = 3,
+    window: int = EvalSettings.window,
     errors: str = "any",
     confidence: float = 0.95,
     place: Callable = lambda x: x,
@@ -293,7 +295,7 @@ def evaluate(
     or "both" (exact, plus the truncation and the largest |difference|). `attempts` per task (K <=
     attempts). `chunk_size`: rows per rollout call (every call has this shape; default 256, capped
     at num_tasks * attempts so exact and truncate share one compiled program). `inject`: forced
-    wrong actions (`Injection.at(max_turns, turns, prob)`). `window`/`errors`: see
+    wrong actions (`injection_at(max_turns, turns, prob)`, turns 1-based). `window`/`errors`: see
     `bmrl.eval.decompose`. Intervals: percentile bootstrap over tasks with `bootstrap` resamples.
     `place`/`gather`: how rows go to the devices and results come back (the training loop shards
     them over its mesh and gathers across processes); the default is one host. `runner(policy, env, tasks,
@@ -343,12 +345,12 @@ def evaluate(
 
     boot = dict(num_resamples=int(bootstrap), confidence=confidence)
     per_task = _per_task_surface(fst, ks, ts)
-    surface = _surface(per_task, ks, ts, key=0, **boot)
+    surface = _surface(per_task, ks, ts, key=STREAMS["surface"], **boot)
     result_warnings: list[str] = []
     surface_tr, max_diff = None, None
     if mode == "both":
         fst_tr = _truncate(fst[:, :, -1], ts)
-        surface_tr = _surface(_per_task_surface(fst_tr, ks, ts), ks, ts, key=0, **boot)
+        surface_tr = _surface(_per_task_surface(fst_tr, ks, ts), ks, ts, key=STREAMS["surface"], **boot)
         max_diff = float(np.abs(surface.estimate - surface_tr.estimate).max())
     if env.show_budget and mode in ("truncate", "both"):
         result_warnings.append(TRUNCATION_WARNING.format(tmax=tmax))
@@ -418,7 +420,16 @@ def _metrics(big: dict[str, np.ndarray], ep: Episodes, boot: dict) -> dict[str, 
         "truncated": ep.per_task(big["truncated"]).mean(1),
         "overflow": ep.per_task(big["overflow"]).mean(1),
     }
-    return {name: mean_interval(v, key=11 + i, **boot) for i, (name, v) in enumerate(per_task.items())}
+    return {name: mean_interval(v, key=STREAMS[f"metric_{name}"], **boot) for name, v in per_task.items()}
+
+
+def injection_at(max_turns: int, turns: Sequence[int], prob: float) -> Injection:
+    """The engine's injection mask for the 1-based `turns` (as config, flags, reports and callers count
+    them): the one place they become the compiled engine's 0-based turns."""
+    turns = [int(t) for t in turns]
+    if any(t < 1 or t > max_turns for t in turns):
+        raise ValueError(f"injection turns {turns} must be 1-based turns in [1, max_turns={max_turns}].")
+    return Injection.at(max_turns, [t - 1 for t in turns], prob)
 
 
 def _describe(inject: Injection) -> dict[str, Any] | None:
@@ -426,14 +437,14 @@ def _describe(inject: Injection) -> dict[str, Any] | None:
     prob = float(np.asarray(inject.prob))
     if not turns or prob <= 0:
         return None
-    return {"turns": [t + 1 for t in turns], "prob": prob}  # 1-based turns, like first_success_turn
+    return {"turns": [t + 1 for t in turns], "prob": prob}  # the engine's 0-based mask, reported 1-based
 
 
 def attach_injection(result: EvalResult, policy: nnx.Module | Callable, env: Env, tasks: Any, *, turns: Sequence[int],
                      prob: float, rollout_cfg: RolloutConfig, key: jax.Array | int, **kwargs) -> EvalResult:
-    """Evaluate again with errors injected at the 0-based `turns` with probability `prob` (same keys,
+    """Evaluate again with errors injected at the 1-based `turns` with probability `prob` (same keys,
     grid and attempts as `result`), and return a copy of `result` with it as `injected`."""
-    inject = Injection.at(rollout_cfg.max_turns, turns, prob)
+    inject = injection_at(rollout_cfg.max_turns, turns, prob)
     injected = evaluate(
         policy, env, tasks, ts=result.ts, ks=result.ks, attempts=result.attempts, rollout_cfg=rollout_cfg,
         key=key, mode="exact", inject=inject, bootstrap=result.surface.num_resamples, **kwargs,

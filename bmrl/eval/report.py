@@ -6,29 +6,27 @@ For every policy: its Pass@(K,T) heatmap and table, trajectory metrics and the d
 (decision accuracy on-policy and on the probe set, recovery, back on track, first-error turns, error
 injection). With a baseline: paired differences (same tasks, same keys) of every other policy
 against it, as a surface with intervals and significance marks, a budget audit at the smallest T,
-and paired differences of decision accuracy and recovery, followed by one plain sentence saying
-whether the gain looks like better decisions or better recovery.
+and paired differences of decision accuracy and recovery. Whether a difference is in decisions or
+in recovery is the study's F2, decided by its written rule: the caller passes each policy's F2
+`Finding` against the baseline (`bmrl.study.findings.compare_f2`, the one `bmrl compare` reads too)
+and the report shows its verdict, sentence and intervals; it has no rule of its own.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 
 from bmrl.distributed import main_writes
 from bmrl.eval import audit, markdown, plots
-from bmrl.eval.bootstrap import Interval, SurfaceInterval, mean_interval, surface_interval
+from bmrl.eval.bootstrap import Interval, SurfaceInterval, describe_estimator, mean_interval, surface_interval
 from bmrl.eval.decompose import decision_accuracy_per_task, recovery_per_task
 from bmrl.eval.evaluate import EvalResult
-
-ESTIMATOR = (
-    "Pass@(K,T) is the unbiased estimator 1 - C(n - c(T), K) / C(n, K) per task (n attempts, c(T) of "
-    "them succeeded within T turns), averaged over tasks; intervals are 95% percentile bootstraps over tasks"
-)
+from bmrl.eval.streams import STREAMS
 
 
 def _check_same_tasks(a: EvalResult, b: EvalResult, names: tuple[str, str]) -> None:
@@ -42,7 +40,8 @@ def _check_same_tasks(a: EvalResult, b: EvalResult, names: tuple[str, str]) -> N
             raise ValueError(f"{names[0]} and {names[1]} were evaluated on different tasks ({k!r} differs); row i must be the same task.")
 
 
-def paired_surface(a: EvalResult, b: EvalResult, *, key: int = 0, names: tuple[str, str] = ("a", "b")) -> SurfaceInterval:
+def paired_surface(a: EvalResult, b: EvalResult, *, key: int = STREAMS["paired_surface"],
+                   names: tuple[str, str] = ("a", "b")) -> SurfaceInterval:
     """Pass@(K,T) of a minus b on the same tasks, with a paired bootstrap interval (the per-task
     difference resampled over tasks, as `bmrl.eval.bootstrap.paired_difference` does)."""
     _check_same_tasks(a, b, names)
@@ -50,9 +49,11 @@ def paired_surface(a: EvalResult, b: EvalResult, *, key: int = 0, names: tuple[s
                             confidence=a.surface.confidence)
 
 
-def _paired_metric(va: np.ndarray, vb: np.ndarray, key: int, num_resamples: int) -> Interval:
-    """Mean difference of a per-task metric over tasks where both are defined, with its interval."""
-    return mean_interval(np.where(np.isfinite(va) & np.isfinite(vb), va - vb, np.nan), key=key, num_resamples=num_resamples)
+def _paired_metric(va: np.ndarray, vb: np.ndarray, name: str, num_resamples: int) -> Interval:
+    """Mean difference of a per-task metric over tasks where both are defined, with its interval (on
+    the stream of `name`)."""
+    return mean_interval(np.where(np.isfinite(va) & np.isfinite(vb), va - vb, np.nan), key=STREAMS[f"paired_{name}"],
+                         num_resamples=num_resamples)
 
 
 def paired_decomposition(a: EvalResult, b: EvalResult, *, names: tuple[str, str] = ("a", "b")) -> dict[str, Interval]:
@@ -61,45 +62,25 @@ def paired_decomposition(a: EvalResult, b: EvalResult, *, names: tuple[str, str]
     _check_same_tasks(a, b, names)
     r = a.surface.num_resamples
     out = {
-        "decision_accuracy": _paired_metric(decision_accuracy_per_task(a.episodes), decision_accuracy_per_task(b.episodes), 1, r),
+        "decision_accuracy": _paired_metric(decision_accuracy_per_task(a.episodes), decision_accuracy_per_task(b.episodes),
+                                            "decision_accuracy", r),
         "recovery": _paired_metric(recovery_per_task(a.episodes, a.decomposition.errors)[1],
-                                   recovery_per_task(b.episodes, b.decomposition.errors)[1], 2, r),
+                                   recovery_per_task(b.episodes, b.decomposition.errors)[1], "recovery", r),
     }
     if a.probe is not None and b.probe is not None and a.probe.correct.shape == b.probe.correct.shape:
-        out["probe_accuracy"] = _paired_metric(a.probe.correct.astype(float), b.probe.correct.astype(float), 3, r)
+        out["probe_accuracy"] = _paired_metric(a.probe.correct.astype(float), b.probe.correct.astype(float),
+                                               "probe_accuracy", r)
     if a.injected is not None and b.injected is not None:
         ia, ib = a.injected, b.injected
         out["injected_success"] = _paired_metric(ia.episodes.per_task(ia.episodes.success).mean(1),
-                                                 ib.episodes.per_task(ib.episodes.success).mean(1), 4, r)
-        out["injected_recovery"] = _paired_metric(recovery_per_task(ia.episodes)[1], recovery_per_task(ib.episodes)[1], 5, r)
+                                                 ib.episodes.per_task(ib.episodes.success).mean(1), "injected_success", r)
+        out["injected_recovery"] = _paired_metric(recovery_per_task(ia.episodes)[1], recovery_per_task(ib.episodes)[1],
+                                                  "injected_recovery", r)
     return out
 
 
 def _signed(e: Interval) -> str:
     return e.format(signed=True) + (" *" if e.significant else "")
-
-
-def _verdict(a: str, b: str, d: Mapping[str, Interval]) -> str:
-    """One plain sentence: is a's difference from b in decisions, in recovery, both or neither?"""
-    dec = d.get("probe_accuracy", d["decision_accuracy"])
-    rec = d.get("injected_recovery", d["recovery"])
-    where = "on the fixed probe states" if "probe_accuracy" in d else "on its own states"
-    parts = []
-    parts.append(
-        f"single-step decision accuracy {where} differs by {_signed(dec)}"
-        + (" (significant)" if dec.significant else " (not significant)")
-    )
-    label = "under equalised injected errors" if "injected_recovery" in d else "after its own errors"
-    parts.append(f"recovery {label} differs by {_signed(rec)}" + (" (significant)" if rec.significant else " (not significant)"))
-    if rec.significant and not dec.significant:
-        tail = f"so what separates {a} from {b} is recovery after errors, not better single decisions."
-    elif dec.significant and not rec.significant:
-        tail = f"so what separates {a} from {b} is better single decisions, not recovery."
-    elif dec.significant and rec.significant:
-        tail = f"so {a} and {b} differ in both single decisions and recovery."
-    else:
-        tail = "so neither difference is resolved at this sample size."
-    return f"{a} - {b}: " + "; ".join(parts) + "; " + tail
 
 
 def _surface_rows_shown(ts: tuple[int, ...]) -> list[int]:
@@ -156,13 +137,17 @@ def write_report(
     description: str | None = None,
     settings: Mapping[str, Any] | None = None,
     plot: bool = True,
+    f2: Callable[[EvalResult, EvalResult], Any] | None = None,
 ) -> tuple[dict[str, str], dict[str, Any]]:
     """Write results.json, PNG plots and report.md for the named `results` into `out_dir`.
 
     `baseline`: the name every other policy is compared with (paired; default the first name when
     there are several, none for one). `description`/`settings`: what was evaluated, shown on top.
+    `f2(baseline result, other result)`: the study's F2 `Finding` of a pair, decisions or recovery
+    (`bmrl.study.findings.compare_f2`, as `bmrl compare` reads it); none = no verdict.
     Returns (paths by kind, summary) where summary[name] = `EvalResult.summary()` and
-    summary["comparisons"][f"{name} - {baseline}"] holds the paired differences. On several processes
+    summary["comparisons"][f"{name} - {baseline}"] holds the paired differences (and "F2": the
+    finding's `to_dict`, its verdict, sentence and intervals). On several processes
     process 0 writes and every process returns once the files are there (`distributed.main_writes`);
     the others get the same summary and no paths.
     """
@@ -183,19 +168,19 @@ def write_report(
 
     comparisons: dict[str, dict[str, Any]] = {}
     diffs: dict[str, SurfaceInterval] = {}
-    decomp_diffs: dict[str, dict[str, Interval]] = {}
     for n in names:
         if baseline is None or n == baseline:
             continue
         label = f"{n} - {baseline}"
         diffs[n] = paired_surface(results[n], results[baseline], names=(n, baseline))
-        decomp_diffs[n] = paired_decomposition(results[n], results[baseline], names=(n, baseline))
+        decomp = paired_decomposition(results[n], results[baseline], names=(n, baseline))
         comparisons[label] = {
             "surface": diffs[n].to_dict(),
-            **{k: v.to_dict() for k, v in decomp_diffs[n].items()},
+            **{k: v.to_dict() for k, v in decomp.items()},
             "audit": audit.paired_audit(n, baseline, diffs[n], min(ts), ks=[ks[0]]),
-            "verdict": _verdict(n, baseline, decomp_diffs[n]),
         }
+        if f2 is not None:
+            comparisons[label]["F2"] = f2(results[baseline], results[n]).to_dict()
 
     summary: dict[str, Any] = {n: r.summary() for n, r in results.items()}
     summary["comparisons"] = {k: {kk: vv for kk, vv in v.items() if kk != "surface"} for k, v in comparisons.items()}
@@ -205,7 +190,8 @@ def write_report(
         if plot:
             paths.update(_plots(out_dir, results, baseline, diffs))
         data = {
-            "title": title, "estimator": ESTIMATOR, "baseline": baseline, "settings": dict(settings or {}),
+            "title": title, "estimator": describe_estimator(first.surface.confidence), "baseline": baseline,
+            "settings": dict(settings or {}),
             "policies": {n: r.to_dict() for n, r in results.items()}, "comparisons": comparisons,
         }
         paths["json"] = os.path.join(out_dir, "results.json")
@@ -268,7 +254,8 @@ def _plots(out_dir: str, results: Mapping[str, EvalResult], baseline: str | None
     hi = {n: [np.nan_to_num(g(r).upper) for g in getters] for n, r in results.items()}
     paths["decomposition"] = plots.plot_grouped_bars(
         groups, est, os.path.join(out_dir, "decomposition.png"), lower=lo, upper=hi,
-        title="Decision quality and recovery (95% intervals)", ylabel="probability",
+        title=f"Decision quality and recovery ({100 * next(iter(results.values())).surface.confidence:g}% intervals)",
+        ylabel="probability",
     )
     tm = max(r.episodes.max_turns for r in results.values())
     turns = [str(t) for t in range(1, tm + 1)]
@@ -297,7 +284,7 @@ def _markdown(title, description, settings, results, baseline, diffs, comparison
         f"`{first.env}`, {first.attempts} attempts per task, K in {{{', '.join(map(str, first.ks))}}}, T in {{{ts_text}}}; "
         f"{mode_text}. The turn budget was {'SHOWN to' if first.show_budget else 'hidden from'} the policy.",
         "",
-        f"{ESTIMATOR}.",
+        f"{describe_estimator(first.surface.confidence)}.",
         "",
     ]
     if settings:
@@ -330,7 +317,8 @@ def _markdown(title, description, settings, results, baseline, diffs, comparison
             )
     for label, c in comparisons.items():
         lines += [f"- {s}" for s in c["audit"]]
-        lines.append(f"- {c['verdict']}")
+        if "F2" in c:
+            lines.append(f"- {label}: {c['F2']['sentence']}")
     lines += ["", "![Pass@(1,T)](pass1_curves.png)", "", "![decomposition](decomposition.png)", ""]
 
     for n, r in results.items():
@@ -367,7 +355,8 @@ def _markdown(title, description, settings, results, baseline, diffs, comparison
                 if key in c
             ], align=["left", "right"]),
         ]
-        lines += ["", c["verdict"], ""]
+        lines += ["", *_f2_lines(f"{n} - {baseline}", c["F2"]), ""] if "F2" in c else [""]
+    rules = {c["F2"]["rule"] for c in comparisons.values() if "F2" in c}
     lines += [
         "## Definitions", "",
         "- Decision accuracy: the share of the policy's own turns (injected turns excluded) where its action was the "
@@ -377,6 +366,20 @@ def _markdown(title, description, settings, results, baseline, diffs, comparison
         f"- Back on track within m turns (m={first.decomposition.window}): after the first error at turn t, progress "
         "exceeds its value before turn t within m turns (or the task is solved); counted only when the window fits the cap.",
         "- Error injection replaces the action at chosen turns by a random wrong one, so every policy faces the same errors.",
+        *[f"- F2, decisions or recovery (the rule of `bmrl compare` and `bmrl reproduce`): {rule}" for rule in rules],
         "",
     ]
     return "\n".join(lines)
+
+
+def _f2_lines(label: str, f2: Mapping[str, Any]) -> list[str]:
+    """The F2 finding of one comparison (`Finding.to_dict`): its three intervals, verdict and sentence."""
+    iv = {k: Interval.of(f2["intervals"][k]).format(signed=True)
+          for k in ("recovery_minus_clean", "delta_clean_accuracy", "delta_recovery_accuracy")}
+    table = markdown.table(["F2 statistic", "verdict", "mean [interval]"], [
+        ["D = dRec - dClean (post-error minus clean-state accuracy change)", f2["verdict"], iv["recovery_minus_clean"]],
+        ["dClean (clean-state accuracy change)", "", iv["delta_clean_accuracy"]],
+        ["dRec (post-error accuracy change)", "", iv["delta_recovery_accuracy"]],
+    ])
+    return [f"On the states both policies met ({f2['shared_states']['clean']} clean, "
+            f"{f2['shared_states']['post_error']} right after a first error):", "", table, "", f"{label}: {f2['sentence']}"]

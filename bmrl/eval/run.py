@@ -3,7 +3,8 @@
 Every policy is evaluated on the same held-out test tasks with the same keys, over the grid
 eval.ks x eval.ts in eval.mode; then on a fixed probe set of noisy-oracle states (decision
 accuracy) and, when injection turns are given, again with errors injected (recovery with errors
-equalised across policies).
+equalised across policies). What the probes, the injection run and the back-on-track window are:
+one `EvalSettings`, by default the config's (`EvalSettings.from_config`).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
@@ -21,33 +22,36 @@ from bmrl.config import Config, ConfigError
 from bmrl.eval.decompose import probe_accuracy, probe_set
 from bmrl.eval.evaluate import attach_injection, evaluate
 from bmrl.eval.report import write_report
+from bmrl.eval.settings import EvalSettings
 from bmrl.rundir import RunDir
 
 
-def evaluate_config(cfg: Config, run: Any, policy: Any, key: Any, tasks: Any = None, **grid: Any) -> Any:
+def evaluate_config(cfg: Config, run: Any, policy: Any, key: Any, tasks: Any = None,
+                    settings: EvalSettings | None = None, **grid: Any) -> Any:
     """The one spelling of "evaluate a policy from a config": `bmrl.eval.evaluate` of `policy` on the
     run's env (`run`, a `bmrl.assembly.Run`) over its first `eval.num_tasks` test tasks (or `tasks`), on the
     grid eval.ks x eval.ts in eval.mode with eval.attempts and eval.bootstrap, at eval.temperature,
-    in the run's format, its rows played by the run's player. `grid`: what a caller evaluates differently (e.g. `ts=[cap], ks=[1], attempts=1`)."""
+    in the run's format, its rows played by the run's player; the back-on-track window of `settings`
+    (default the config's). `grid`: what a caller evaluates differently (e.g. `ts=[cap], ks=[1], attempts=1`)."""
     e = cfg.eval
+    settings = settings or EvalSettings.from_config(cfg)
     tasks = run.player.tasks("test", e.num_tasks) if tasks is None else tasks
     args = dict(ts=e.ts, ks=e.ks, attempts=e.attempts, rollout_cfg=run.eval_rollout, mode=e.mode,
-                bootstrap=e.bootstrap, fmt=run.fmt) | grid
+                bootstrap=e.bootstrap, fmt=run.fmt, window=settings.window) | grid
     return evaluate(policy, run.env, tasks, key=key, runner=run.player.evaluation_runner, **args)
 
 
 def evaluate_policies(
     cfg: Config,
     policies: Mapping[str, tuple[Any, Any]],
+    settings: EvalSettings | None = None,
     *,
-    inject_turns: Sequence[int] = (0,),
-    inject_prob: float = 1.0,
-    probe_noise: float = 0.25,
-    window: int = 3,
     log: Callable[[str], Any] = lambda msg: print(msg, file=sys.stderr),
 ) -> dict[str, Any]:
-    """{name: EvalResult} for `policies` = {name: (model, tokenizer)}; inject_turns are 0-based."""
+    """{name: EvalResult} for `policies` = {name: (model, tokenizer)}, with the probes, injection run
+    and window of `settings` (default `EvalSettings.from_config(cfg)`; its turns are 1-based)."""
     e = cfg.eval
+    settings = settings or EvalSettings.from_config(cfg)
     key = jax.random.key(cfg.seed)
     results = {}
     for i, (name, (model, tokenizer)) in enumerate(policies.items(), 1):
@@ -56,14 +60,13 @@ def evaluate_policies(
         tasks = player.tasks("test", e.num_tasks)
         log(f"eval {name} (policy {i}/{len(policies)}): {player.count(tasks)} tasks x {e.attempts} attempts, "
             f"T in {list(e.ts)}, mode {e.mode}")
-        result = evaluate_config(cfg, run, model, key, tasks, window=window)
+        result = evaluate_config(cfg, run, model, key, tasks, settings)
         if result.faults:
             log(f"eval {name}: {result.faults} faults of {run.env.name} (exceptions, timeouts, bad returns); "
                 "their tasks and messages are in the log")
         if player.replays_states:
-            result = _probe_and_inject(cfg, run, model, tasks, result, key, inject_turns, inject_prob, probe_noise,
-                                       window)
-        elif e.probe_states > 0 or (inject_turns and inject_prob > 0):
+            result = _probe_and_inject(cfg, run, model, tasks, result, key, settings)
+        elif settings.probe_states > 0 or settings.injects:
             log(f"eval {name}: skipped the decision-accuracy probes and error injection: they replay a JAX "
                 f"env's oracle states, and {run.env.name} is a Python env (env.kind=python)")
         results[name] = result
@@ -71,18 +74,18 @@ def evaluate_policies(
 
 
 def _probe_and_inject(cfg: Config, run: Any, model: Any, tasks: Any, result: Any, key: Any,
-                      inject_turns: Sequence[int], inject_prob: float, probe_noise: float, window: int) -> Any:
-    """`result` with decision accuracy on a fixed probe set of noisy-oracle states (eval.probe_states)
-    and, when injection turns are given, success with errors injected (a JAX env's states replayed)."""
+                      settings: EvalSettings) -> Any:
+    """`result` with decision accuracy on a fixed probe set of noisy-oracle states and, when
+    `settings` injects, success with errors injected (a JAX env's states replayed)."""
     e, rcfg, env, fmt = cfg.eval, run.eval_rollout, run.env, run.fmt
-    if e.probe_states > 0:
-        probes = probe_set(env, fmt, tasks, num_states=e.probe_states, seed=cfg.seed, noise=probe_noise,
+    if settings.probe_states > 0:
+        probes = probe_set(env, fmt, tasks, num_states=settings.probe_states, seed=cfg.seed, noise=settings.probe_noise,
                            num_turns=rcfg.max_turns, max_len=rcfg.max_len, reserve=rcfg.max_reply_tokens)
         probe = probe_accuracy(model, env, probes, rcfg, key=cfg.seed + 1, fmt=fmt, num_resamples=max(e.bootstrap, 0))
         result = dataclasses.replace(result, probe=probe)
-    if inject_turns and inject_prob > 0:
-        result = attach_injection(result, model, env, tasks, turns=list(inject_turns), prob=inject_prob, key=key,
-                                  fmt=fmt, rollout_cfg=rcfg, window=window)
+    if settings.injects:
+        result = attach_injection(result, model, env, tasks, turns=settings.inject_turns, prob=settings.inject_prob,
+                                  key=key, fmt=fmt, rollout_cfg=rcfg, window=settings.window)
     return result
 
 

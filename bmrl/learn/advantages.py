@@ -25,6 +25,8 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
+from bmrl.registry import Registry
+
 Array = jax.Array
 AdvantageFn = Callable[..., Array]
 
@@ -101,21 +103,16 @@ def reinforce_advantages(rewards: Array, group_size: int = 1) -> Array:
     return _centred(r).reshape(-1)
 
 
-ADVANTAGES: dict[str, AdvantageFn] = {
+ADVANTAGES: Registry[AdvantageFn] = Registry("advantage estimator", {
     "grpo": grpo_advantages,
     "rloo": rloo_advantages,
     "reinforce": reinforce_advantages,
-}
+})
 
 
 def get_advantage(name: str) -> AdvantageFn:
     """The outcome advantage estimator registered under `name`."""
-    try:
-        return ADVANTAGES[name]
-    except KeyError:
-        raise ValueError(
-            f"unknown advantage estimator {name!r}; valid names: {', '.join(sorted(ADVANTAGES))}."
-        ) from None
+    return ADVANTAGES.lookup(name)
 
 
 def token_advantages(seq_adv: Array, loss_mask: Array) -> Array:

@@ -23,6 +23,8 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
+from bmrl.registry import Registry
+
 Array = jax.Array
 LossFn = Callable[..., tuple[Array, dict[str, Array]]]
 
@@ -142,13 +144,9 @@ def pg_loss(
     return ppo_loss(logp_new, logp_old, advantages, loss_mask, clip=False, **options)
 
 
-LOSSES: dict[str, LossFn] = {"ppo": ppo_loss, "pg": pg_loss}
+LOSSES: Registry[LossFn] = Registry("loss", {"ppo": ppo_loss, "pg": pg_loss})
 
 
 def get_loss(name: str) -> LossFn:
     """The loss registered under `name`."""
-    try:
-        return LOSSES[name]
-    except KeyError:
-        valid = ", ".join(sorted(LOSSES))
-        raise ValueError(f"unknown loss {name!r}; valid names: {valid}.") from None
+    return LOSSES.lookup(name)

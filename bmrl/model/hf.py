@@ -379,9 +379,9 @@ def save_pretrained(
     Weights keep their dtype; a LoRA model is written merged (`bmrl.model.lora.merge_lora`). With `max_shard_bytes`, tensors are split over several files named by
     `model.safetensors.index.json`. Earlier model*.safetensors files in `path` are removed first.
     On a multi-process run every process calls it (weights split across processes are gathered) and
-    process 0 alone writes (`bmrl.distributed.is_main`).
+    process 0 alone writes (`bmrl.distributed.main_writes`).
     """
-    from bmrl.distributed import is_main, to_host
+    from bmrl.distributed import main_writes, to_host
 
     model = merge_lora(model)  # LoRA: the merged weights (the adapter alone: `save_adapter`)
     cfg: ModelConfig = model.config
@@ -390,32 +390,34 @@ def save_pretrained(
     for name, (nnx_path, _, transposed) in tensor_specs(cfg).items():
         value = to_host(state[nnx_path][...])
         tensors[name] = np.ascontiguousarray(value.T if transposed else value)
-    if not is_main():
-        return
     path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    for old in [*path.glob("model*.safetensors"), path / INDEX_FILE]:
-        old.unlink(missing_ok=True)
-    config_to_hf(cfg, tokenizer).save_pretrained(str(path))
 
-    shards: list[dict[str, np.ndarray]] = [{}]
-    size = 0
-    for name, value in tensors.items():
-        if max_shard_bytes and shards[-1] and size + value.nbytes > max_shard_bytes:
-            shards.append({})
-            size = 0
-        shards[-1][name] = value
-        size += value.nbytes
-    metadata = {"format": "pt"}
-    if len(shards) == 1:
-        save_file(shards[0], str(path / SINGLE_FILE), metadata=metadata)
-    else:
-        weight_map = {}
-        for i, shard in enumerate(shards, 1):
-            file = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
-            save_file(shard, str(path / file), metadata=metadata)
-            weight_map.update({name: file for name in shard})
-        index = {"metadata": {"total_size": sum(v.nbytes for v in tensors.values())}, "weight_map": weight_map}
-        (path / INDEX_FILE).write_text(json.dumps(index, indent=2))
-    if tokenizer is not None:
-        tokenizer.save_pretrained(str(path))
+    def write() -> None:  # process 0 alone: every process gathered the weights above
+        path.mkdir(parents=True, exist_ok=True)
+        for old in [*path.glob("model*.safetensors"), path / INDEX_FILE]:
+            old.unlink(missing_ok=True)
+        config_to_hf(cfg, tokenizer).save_pretrained(str(path))
+
+        shards: list[dict[str, np.ndarray]] = [{}]
+        size = 0
+        for name, value in tensors.items():
+            if max_shard_bytes and shards[-1] and size + value.nbytes > max_shard_bytes:
+                shards.append({})
+                size = 0
+            shards[-1][name] = value
+            size += value.nbytes
+        metadata = {"format": "pt"}
+        if len(shards) == 1:
+            save_file(shards[0], str(path / SINGLE_FILE), metadata=metadata)
+        else:
+            weight_map = {}
+            for i, shard in enumerate(shards, 1):
+                file = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+                save_file(shard, str(path / file), metadata=metadata)
+                weight_map.update({name: file for name in shard})
+            index = {"metadata": {"total_size": sum(v.nbytes for v in tensors.values())}, "weight_map": weight_map}
+            (path / INDEX_FILE).write_text(json.dumps(index, indent=2))
+        if tokenizer is not None:
+            tokenizer.save_pretrained(str(path))
+
+    main_writes(f"bmrl-hf-{path.name}", write, wait=False)  # the caller meets the others when it needs to

@@ -50,17 +50,19 @@ def _name(model: Decoder, layer: int, proj: str, which: str) -> str:
 
 def save_adapter(model: Decoder, path: str | os.PathLike, base: str | os.PathLike) -> Path:
     """Write the adapters of `model` (a LoRA model) as a PEFT adapter directory naming `base` (the base
-    model's Hugging Face directory). Returns the directory."""
+    model's Hugging Face directory). Returns the directory. On a multi-process run every process calls
+    it (adapters split across processes are gathered) and process 0 alone writes
+    (`bmrl.distributed.main_writes`)."""
+    from bmrl.distributed import main_writes, to_host
+
     spec = spec_of(model)
     if spec is None:
         raise ValueError("save_adapter: the model has no LoRA adapters.")
     path, base = Path(path), Path(base)
-    path.mkdir(parents=True, exist_ok=True)
     tensors = {}
     for i, proj, m in adapters(model):
-        tensors[_name(model, i, proj, "A")] = np.ascontiguousarray(np.asarray(m.lora_a[...], np.float32).T)
-        tensors[_name(model, i, proj, "B")] = np.ascontiguousarray(np.asarray(m.lora_b[...], np.float32).T)
-    save_file(tensors, str(path / ADAPTER_WEIGHTS), metadata={"format": "pt"})
+        tensors[_name(model, i, proj, "A")] = np.ascontiguousarray(np.asarray(to_host(m.lora_a[...]), np.float32).T)
+        tensors[_name(model, i, proj, "B")] = np.ascontiguousarray(np.asarray(to_host(m.lora_b[...]), np.float32).T)
     beside = base.resolve().parent == path.resolve().parent
     config = {
         "peft_type": "LORA", "task_type": "CAUSAL_LM", "r": spec.rank, "lora_alpha": spec.alpha,
@@ -68,7 +70,13 @@ def save_adapter(model: Decoder, path: str | os.PathLike, base: str | os.PathLik
         "init_lora_weights": True, "base_model_name_or_path": os.path.join("..", base.name) if beside
         else str(base.resolve()), **_PLAIN,
     }
-    (path / ADAPTER_CONFIG).write_text(json.dumps(config, indent=2))
+
+    def write() -> None:
+        path.mkdir(parents=True, exist_ok=True)
+        save_file(tensors, str(path / ADAPTER_WEIGHTS), metadata={"format": "pt"})
+        (path / ADAPTER_CONFIG).write_text(json.dumps(config, indent=2))
+
+    main_writes(f"bmrl-adapter-{path.name}", write, wait=False)  # as `save_pretrained`: no meeting here
     return path
 
 

@@ -20,6 +20,7 @@ import numpy as np
 
 from bmrl.eval import plots
 from bmrl.eval.bootstrap import MIN_UNITS_FOR_SIGNIFICANCE, bootstrap_mean, significant
+from bmrl.eval.streams import STREAMS
 from bmrl.study.findings import Study
 
 INTERVAL = "95% bootstrap interval over seeds and tasks"
@@ -83,7 +84,8 @@ def study_figures(out: str, pooled: dict, study: Study | None, names: Sequence[s
                                                            title=f"Pass@(K,T): {n}", vmin=vmin, vmax=vmax)
     captions["surfaces"] = f"Pass@(K,T) surfaces, mean over seeds and tasks, on one colour scale [{vmin:.2f}, {vmax:.2f}]."
 
-    diffs = {n: bootstrap_mean(pooled[n]["surface"] - b, groups=groups, key=14, num_resamples=max(resamples, 10))
+    diffs = {n: bootstrap_mean(pooled[n]["surface"] - b, groups=groups, key=STREAMS["figure_surface_difference"],
+                             num_resamples=max(resamples, 10))
              for n in variants}
     lo, hi = plots.shared_scale([d[0] for d in diffs.values()], symmetric=True)
     for n, (est, dlo, dhi) in diffs.items():

@@ -28,6 +28,7 @@ from bmrl.eval.bootstrap import Interval, bootstrap_mean, bootstrap_stat, mean_i
 from bmrl.eval.decompose import decision_accuracy_per_task, recovery_per_task
 from bmrl.eval.saved import SavedEval
 from bmrl.eval.states import paired_state_counts, state_accuracy_counts
+from bmrl.eval.streams import STREAMS
 from bmrl.study.verdicts import DEAD_RUN_RULE, Verdict, f1_verdict, f2_verdict, f3_verdict
 
 BASE = "base"
@@ -109,7 +110,7 @@ def _without_sentence(info: Mapping[str, Any] | None) -> str:
 
 
 def f1_finding(base_pass1: np.ndarray, trained: Mapping[str, np.ndarray], ts: Sequence[int], *, main: str,
-               small_t: int | None = None, groups=None, key: int = 0, num_resamples: int = 1000,
+               small_t: int | None = None, groups=None, key: int = STREAMS["F1"], num_resamples: int = 1000,
                confidence: float = 0.95) -> Finding:
     """F1 from per-task Pass@(1,T) `[N, T]` of the base and of each RL variant (`trained[name]`, same
     tasks, T ascending): G = gain at the largest T minus gain at `small_t` (default the smallest T) of
@@ -179,7 +180,7 @@ def _f2_stat(c: np.ndarray) -> np.ndarray:
                          s[0] / s[2], s[1] / s[2], s[3] / s[5], s[4] / s[5]])
 
 
-def f2_intervals(base_episodes, trained_episodes, *, groups=None, errors: str = "any", key: int = 1,
+def f2_intervals(base_episodes, trained_episodes, *, groups=None, errors: str = "any", key: int = STREAMS["F2"],
                  num_resamples: int = 1000, confidence: float = 0.95) -> dict[str, Interval]:
     """`Episodes` of both policies on the same tasks and keys -> intervals (F2_MEASURES). Either one
     pair, or one pair per training seed (two sequences): tasks are then pooled and, unless `groups` is
@@ -224,7 +225,8 @@ def f2_finding(base_episodes, trained_episodes, *, on_policy: Mapping[str, Inter
 
 
 def f3_intervals(mix_surface: np.ndarray, fixed_surfaces: Mapping[str, np.ndarray], ks: Sequence[int], *,
-                 groups=None, key: int = 2, num_resamples: int = 1000, confidence: float = 0.95) -> dict[str, dict[str, Interval]]:
+                 groups=None, key: int = STREAMS["F3"], num_resamples: int = 1000,
+                 confidence: float = 0.95) -> dict[str, dict[str, Interval]]:
     """Per-task Pass@(K,T) surfaces `[N, K, T]` (same tasks and grid) -> {fixed: {measure: interval of
     BudgetMix minus it}}; measures: min over T of Pass@(k,T) for k in (1, 4) on the grid, and area."""
     ks = [int(k) for k in ks]
@@ -262,14 +264,14 @@ def f3_finding(surfaces: Mapping[str, np.ndarray], mix: str, fixed: Sequence[str
     curves: dict[str, dict[str, Curve]] = {}
     for name, s in surfaces.items():
         s = np.asarray(s, np.float64)
-        for measure, key, stat in (("min_pass1", 8, lambda a: a[:, k1, :].mean(0).min()), ("area", 9, np.mean)):
-            v, lo, hi = bootstrap_stat(stat, s, key=key, **boot)
+        for measure, stat in (("min_pass1", lambda a: a[:, k1, :].mean(0).min()), ("area", np.mean)):
+            v, lo, hi = bootstrap_stat(stat, s, key=STREAMS[f"F3_level_{measure}"], **boot)
             levels[measure][name] = Interval(float(v), float(lo), float(hi), s.shape[0])
         for k in (1, 4):
             if k in ks:
                 i = ks.index(k)
                 curves.setdefault(f"Pass@({k},T)", {})[name] = tuple(np.asarray(x) for x in bootstrap_mean(
-                    s[:, i, :], key=13, **boot))
+                    s[:, i, :], key=STREAMS["F3_curve"], **boot))
     return Finding(f3_verdict(iv), iv, levels=levels, curves=curves)
 
 
@@ -348,15 +350,15 @@ def study_findings(pooled: dict, seed_results: list[dict], names: Sequence[str],
     f1 = f1_finding(base["surface"][:, k1, :], {n: pooled[n]["surface"][:, k1, :] for n in names if n != BASE}, ts,
                     main=rep.generous, small_t=rep.small_t, groups=groups, **boot)
     on_policy = {out: mean_interval(np.where(np.isfinite(gen[m]) & np.isfinite(base[m]), gen[m] - base[m], np.nan),
-                                    groups=g.get(m), key=4 + i, **boot)
-                 for i, (m, out) in enumerate(ON_POLICY) if m in gen}
+                                    groups=g.get(m), key=STREAMS[out], **boot)
+                 for m, out in ON_POLICY if m in gen}
     f2 = f2_finding([r[BASE].episodes for r in seed_results], [r[rep.generous].episodes for r in seed_results],
                     on_policy=on_policy, **boot)
     f2 = dataclasses.replace(f2, facts={**f2.facts, "seeds": len(seed_results)})
     f1 = dataclasses.replace(f1, facts={**f1.facts, "seeds": len(seed_results)})
     f3 = f3_finding({n: pooled[n]["surface"] for n in names}, rep.budgetmix, (rep.generous, rep.tight), ks,
                     groups=groups, **boot)
-    levels = {n: {m: mean_interval(pooled[n][m], groups=g.get(m), key=12, **boot) for m in LEVELS if m in pooled[n]}
+    levels = {n: {m: mean_interval(pooled[n][m], groups=g.get(m), key=STREAMS["level"], **boot) for m in LEVELS if m in pooled[n]}
               for n in names}
     return Study(f1, f2, f3, levels)
 
@@ -395,26 +397,48 @@ def without_dead_runs(study: Study, dead: Mapping[tuple[int, str], str], seeds: 
     return dataclasses.replace(study, f1=out["F1"], f2=out["F2"], f3=out["F3"])
 
 
-def compare_findings(base, trained, *, num_resamples: int = 1000, confidence: float = 0.95) -> dict[str, Finding]:
-    """F1 (at the grid's smallest and largest T) and F2 of two policies: `EvalResult`s on the same
-    tasks, keys and T grid, or one per training seed (two sequences, pair i = seed i; intervals then
-    resample seeds, then tasks within seed). Returns {"F1": Finding, "F2": Finding}."""
+def _pairs(base, trained) -> tuple[list, list]:
     bases, traineds = _seq(base), _seq(trained)
     if len(bases) != len(traineds) or not bases:
         raise ValueError(f"compare pairs seeds: got {len(bases)} base and {len(traineds)} trained evaluations.")
+    return bases, traineds
+
+
+def _check_resamples(num_resamples: int) -> None:
+    if num_resamples < 10:
+        raise ValueError(f"verdicts need intervals: num_resamples must be >= 10, got {num_resamples}.")
+
+
+def compare_f2(base, trained, *, num_resamples: int = 1000, confidence: float = 0.95) -> Finding:
+    """F2 of two policies, decisions or recovery: `EvalResult`s on the same tasks and keys, or one per
+    training seed (two sequences, pair i = seed i; intervals then resample seeds, then tasks within
+    seed). The one F2 of a pair: `bmrl compare`, `bmrl eval`'s and reproduce's paired reports read it."""
+    bases, traineds = _pairs(base, trained)
+    for b, t in zip(bases, traineds):
+        if b.num_tasks != t.num_tasks:
+            raise ValueError(f"F2 pairs tasks: base has {b.num_tasks}, trained {t.num_tasks}; evaluate both on the "
+                             "same tasks.")
+    _check_resamples(num_resamples)
+    f2 = f2_finding([b.episodes for b in bases], [t.episodes for t in traineds], num_resamples=num_resamples,
+                    confidence=confidence)
+    return dataclasses.replace(f2, facts={**f2.facts, "seeds": len(bases)})
+
+
+def compare_findings(base, trained, *, num_resamples: int = 1000, confidence: float = 0.95) -> dict[str, Finding]:
+    """F1 (at the grid's smallest and largest T) and F2 (`compare_f2`) of two policies: `EvalResult`s on
+    the same tasks, keys and T grid, or one per training seed (two sequences, pair i = seed i; intervals
+    then resample seeds, then tasks within seed). Returns {"F1": Finding, "F2": Finding}."""
+    bases, traineds = _pairs(base, trained)
     for b, t in zip(bases, traineds):
         if b.ts != bases[0].ts or t.ts != b.ts or b.num_tasks != t.num_tasks or 1 not in b.ks or 1 not in t.ks:
             raise ValueError(
                 f"compare needs both evaluations on the same tasks and T grid with K=1: base {b.num_tasks} tasks, "
                 f"ts={list(b.ts)}, ks={list(b.ks)}; trained {t.num_tasks} tasks, ts={list(t.ts)}, ks={list(t.ks)}."
             )
-    if num_resamples < 10:
-        raise ValueError(f"verdicts need intervals: num_resamples must be >= 10, got {num_resamples}.")
+    _check_resamples(num_resamples)
     groups = np.repeat(np.arange(len(bases)), [b.num_tasks for b in bases]) if len(bases) > 1 else None
-    boot = {"groups": groups, "num_resamples": num_resamples, "confidence": confidence}
     pass1 = lambda rs: np.concatenate([r.per_task[:, r.ks.index(1), :] for r in rs])  # noqa: E731
-    f1 = f1_finding(pass1(bases), {"trained": pass1(traineds)}, bases[0].ts, main="trained", **boot)
-    f2 = f2_finding([b.episodes for b in bases], [t.episodes for t in traineds], **boot)
-    seeds = {"seeds": len(bases)}
-    return {"F1": dataclasses.replace(f1, facts={**f1.facts, **seeds}),
-            "F2": dataclasses.replace(f2, facts={**f2.facts, **seeds})}
+    f1 = f1_finding(pass1(bases), {"trained": pass1(traineds)}, bases[0].ts, main="trained", groups=groups,
+                    num_resamples=num_resamples, confidence=confidence)
+    return {"F1": dataclasses.replace(f1, facts={**f1.facts, "seeds": len(bases)}),
+            "F2": compare_f2(bases, traineds, num_resamples=num_resamples, confidence=confidence)}

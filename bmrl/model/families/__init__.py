@@ -18,6 +18,8 @@ import importlib
 import pkgutil
 from typing import Any
 
+from bmrl.registry import Registry
+
 
 @dataclasses.dataclass(frozen=True)
 class TensorNames:
@@ -103,18 +105,17 @@ class Family:
         return [f"{key}={get(key, ok)!r} ({why})" for key, ok, why in self.unsupported if differs(get(key, ok), ok)]
 
 
-def _discover() -> dict[str, Family]:
-    families: dict[str, Family] = {}
+def _discover() -> Registry[Family]:
+    """Every module of this package that defines `FAMILY`, by its `model_type` (two claiming one: an error)."""
+    families: Registry[Family] = Registry("model family")
     for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
         family = getattr(importlib.import_module(f"{__name__}.{info.name}"), "FAMILY", None)
         if isinstance(family, Family):
-            if family.model_type in families:
-                raise RuntimeError(f"Two model families claim model_type {family.model_type!r}.")
-            families[family.model_type] = family
+            families.add(family.model_type, family)
     return families
 
 
-FAMILIES: dict[str, Family] = _discover()
+FAMILIES: Registry[Family] = _discover()
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(sorted(FAMILIES))
 
 
