@@ -34,11 +34,14 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
+import numpy as np
+
 from bmrl import compiles
 from bmrl.config import Config, build, check_reproduce, to_dict
 from bmrl.rundir import RunDir
 from bmrl.study.findings import BASE, GROUPS, pool, study_findings, unit_metrics, without_dead_runs
-from bmrl.study.report import dead_runs_md, finding_sentences, per_seed_table, report_md, summary_table
+from bmrl.study.report import dead_runs_md, finding_sentences, per_seed_table, report_md, summary_table, untrainable_bases_md
+from bmrl.study.verdicts import group_signal_chance, untrainable_base
 
 # ---- configs of the stages ------------------------------------------------------------------------
 
@@ -186,6 +189,20 @@ def dead_runs(health: dict[tuple[int, str], dict]) -> list[dict]:
             for (seed, name), h in health.items() if h.get("dead")]
 
 
+def untrainable_bases(per_seed: list[dict], seeds: list[int], ks, group_size: int) -> list[dict]:
+    """The seeds whose SFT base RL cannot learn from (`bmrl.study.verdicts.UNTRAINABLE_BASE_RULE`): seed, the
+    base's held-out Pass@(1,T) at the largest T and the chance a task group carries signal. Empty when the
+    grid has no K=1."""
+    if 1 not in ks:
+        return []
+    out = []
+    for seed, units in zip(seeds, per_seed):
+        p = float(np.nanmean(np.asarray(units[BASE]["surface"])[:, list(ks).index(1), -1]))
+        if untrainable_base(p, group_size):
+            out.append({"seed": int(seed), "pass1": p, "signal_chance": group_signal_chance(p, group_size)})
+    return out
+
+
 def _render(cfg: Config, names: list[str], per_seed: list[dict], seed_results: list[dict], ks, ts,
             seed_reports: list[str], stage_times: dict, health: dict[tuple[int, str], dict] | None = None) -> dict:
     """Findings, verdicts, table, figures, report.md and summary.json from the per-seed results; `health`:
@@ -198,8 +215,13 @@ def _render(cfg: Config, names: list[str], per_seed: list[dict], seed_results: l
     resamples = max(cfg.eval.bootstrap, 200)
     study = study_findings(pooled, seed_results, names, ks, ts, rep, resamples)
     dead = dead_runs(health or {})
-    study = without_dead_runs(study, {(r["seed"], r["variant"]): r["flags"][0]["reason"] for r in dead}, rep.seeds,
-                              per_seed, seed_results, names, ks, ts, rep, resamples)
+    weak = untrainable_bases(per_seed, rep.seeds, ks, cfg.train.group_size)
+    flagged = {(w["seed"], v): f"its SFT base is one RL cannot learn from (Pass@(1,{max(ts)}) {w['pass1']:.3f}: "
+               f"{w['signal_chance']:.2f} of groups of {cfg.train.group_size} carry signal)"
+               for w in weak for v in rep.variants}
+    flagged.update({(r["seed"], r["variant"]): r["flags"][0]["reason"] for r in dead})
+    study = without_dead_runs(study, flagged, rep.seeds, per_seed, seed_results, names, ks, ts, rep, resamples,
+                              untrainable=[k for k in flagged if k[0] in {w["seed"] for w in weak}])
     sentences = [f.sentence() for f in study.findings]
     details = finding_sentences(study, rep)
     table_md, table = summary_table(pooled, study, names, ks, ts)
@@ -212,14 +234,16 @@ def _render(cfg: Config, names: list[str], per_seed: list[dict], seed_results: l
     missing = not_measured(cfg)
     report = report_md(cfg, player_class(cfg).report_name(cfg), sentences + ["Measured:"] + details, table_md, figures, seed_reports, wall, len(rep.seeds),
                        pooled[BASE]["surface"].shape[0], study, seeds_md, suite_line(suites), missing,
-                       dead_runs_md(dead, len(rep.seeds) * len(rep.variants)))
+                       dead_runs_md(dead, len(rep.seeds) * len(rep.variants))
+                       + untrainable_bases_md(weak, len(rep.seeds), cfg.train.group_size))
     run_dir = RunDir(out)
     run_dir.write_text("report.md", report)
     summary = {"findings": study.to_dict(), "sentences": sentences, "details": details, "table": table, "wall_time_s": wall,
                "stage_times_s": stage_times, "seeds": list(rep.seeds), "per_seed": seed_rows,
                "units": int(pooled[BASE]["surface"].shape[0]),
                "figures": {k: os.path.relpath(v, out) for k, v in figures.paths.items()},
-               "colour_scales": figures.scales, "suites": suites, "not_measured": missing, "dead_runs": dead}
+               "colour_scales": figures.scales, "suites": suites, "not_measured": missing, "dead_runs": dead,
+               "untrainable_bases": weak}
     run_dir.write_json("summary.json", summary, default=float)
     return {**summary, "table_md": table_md}
 

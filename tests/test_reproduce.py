@@ -232,6 +232,7 @@ def test_planted_dead_run_is_listed_and_each_verdict_checked_without_it(tmp_path
     assert "## Runs that lost their signal" in report and "1 of the 9 RL runs lost their signal" in report
     assert f"- seed 2 `budgetmix`: dead since step 3: {reason}" in report
     assert json.loads((tmp_path / "summary.json").read_text())["dead_runs"] == s["dead_runs"]
+    assert s["untrainable_bases"] == [] and "RL can learn from each of the 3 SFT bases." in report  # the control
 
     # The control: the verdict rests on the dead run.
     per_seed = [{**units, "budgetmix": units[BASE]}] * 2 + [units]
@@ -245,3 +246,33 @@ def test_planted_dead_run_is_listed_and_each_verdict_checked_without_it(tmp_path
     every = without_dead_runs(study, {(s, "fixed_long"): reason for s in (0, 1, 2)}, [0, 1, 2], per_seed, [pair] * 3,
                               names, (1, 4), (4, 5, 8), cfg.reproduce, 200)
     assert every.f1.facts["without_dead_runs"]["holds"] is None and "rests on dead runs" in every.f1.sentence()
+
+
+def test_a_base_rl_cannot_learn_from_counts_its_seeds_runs_as_dead(tmp_path, scripted):
+    """Seed 1's base planted as one that never succeeds: listed under "SFT bases RL cannot learn from" (the
+    written rule: fewer than half of the task groups carry signal), every RL run of seed 1 counts as dead,
+    and each verdict is checked on seeds 0 and 2 alone. The scripted bases of seeds 0 and 2 are not flagged."""
+    from bmrl.reproduce import _render, untrainable_bases
+    from bmrl.study.findings import unit_metrics
+    from bmrl.study.verdicts import group_signal_chance, untrainable_base
+
+    assert untrainable_base(0.03, 8) and untrainable_base(0.97, 8) and not untrainable_base(0.3, 8)
+    assert group_signal_chance(0.5, 2) == pytest.approx(0.5) and group_signal_chance(0.0, 8) == 0.0
+    cfg = load("configs/quickstart.yaml", [f"out_dir={tmp_path}", "eval.ts=[4,5,8]", "eval.ks=[1,4]", "eval.attempts=4",
+                                           "eval.num_tasks=24", "eval.bootstrap=200", "reproduce.seeds=[0,1,2]"])
+    names = list(scripted)
+    units = {n: unit_metrics(r) for n, r in scripted.items()}
+    failing = {**units, BASE: {**units[BASE], "surface": np.zeros_like(units[BASE]["surface"])}}
+    per_seed, pair = [units, failing, units], {n: scripted[n] for n in (BASE, "fixed_long")}
+    g = cfg.train.group_size
+    assert [b["seed"] for b in untrainable_bases(per_seed, [0, 1, 2], (1, 4), g)] == [1]
+    s = _render(cfg, names, per_seed, [pair] * 3, (1, 4), (4, 5, 8), [], {}, {})
+    assert s["untrainable_bases"] == [{"seed": 1, "pass1": 0.0, "signal_chance": 0.0}] and s["dead_runs"] == []
+    for k, reads in (("F1", ["fixed_long"]), ("F3", ["budgetmix", "fixed_long", "fixed_short"])):
+        w = s["findings"][k]["without_dead_runs"]
+        assert w["seeds_without"] == [0, 2] and sorted(r["variant"] for r in w["dead_runs"]) == reads
+        assert all(r["seed"] == 1 and r["untrainable_base"] for r in w["dead_runs"])
+    assert "(seed 1 fixed_long (untrainable base))" in s["sentences"][0]
+    report = (tmp_path / "report.md").read_text()
+    assert "## SFT bases RL cannot learn from" in report and "1 of the 3 SFT bases are ones RL cannot learn from" in report
+    assert f"- seed 1: held-out Pass@(1,T) at the largest T 0.000; 0.00 of task groups of {g} are expected" in report

@@ -90,13 +90,15 @@ def _curve(ivs: Mapping[str, Interval], names: Sequence[str]) -> Curve:
 
 
 def _without_sentence(info: Mapping[str, Any] | None) -> str:
-    """What `without_dead_runs` found, in one sentence ('' when the study has no dead run)."""
+    """What `without_dead_runs` found, in one sentence ('' when the study has no dead run). A run of a seed
+    whose base RL cannot learn from is named with "(untrainable base)"."""
     if not info or not info.get("study_has_dead_runs"):
         return ""
     runs = info["dead_runs"]
     if not runs:
         return " None of the runs it reads is dead."
-    named = ", ".join(f"seed {r['seed']} {r['variant']}" for r in runs)
+    named = ", ".join(f"seed {r['seed']} {r['variant']}" + (" (untrainable base)" if r.get("untrainable_base") else "")
+                      for r in runs)
     if info["holds"] is None:
         return f" It cannot be checked without the dead run(s) ({named}): every seed has one, so it rests on dead runs."
     seeds = ", ".join(str(x) for x in info["seeds_without"])
@@ -369,16 +371,19 @@ def finding_runs(rep) -> dict[str, tuple[str, ...]]:
 
 
 def without_dead_runs(study: Study, dead: Mapping[tuple[int, str], str], seeds: Sequence[int], per_seed: list[dict],
-                      seed_results: list[dict], names: Sequence[str], ks, ts, rep, resamples: int) -> Study:
+                      seed_results: list[dict], names: Sequence[str], ks, ts, rep, resamples: int,
+                      untrainable: Sequence[tuple[int, str]] = ()) -> Study:
     """`study` with each finding's `facts["without_dead_runs"]`: whether its verdict holds without the dead
-    RL runs (`dead`: {(seed, variant): reason}), by `DEAD_RUN_RULE`: the finding measured again on the seeds
+    RL runs (`dead`: {(seed, variant): reason}; those in `untrainable` are dead because their seed's base is one
+    RL cannot learn from), by `DEAD_RUN_RULE`: the finding measured again on the seeds
     where none of the runs it reads is dead (`study_findings` on those seeds' units) and its verdict compared."""
-    seeds = [int(x) for x in seeds]
+    seeds, untrainable = [int(x) for x in seeds], set(untrainable)
     again: dict[tuple[int, ...], Study] = {}
     out = {}
     for f in study.findings:
         reads = finding_runs(rep)[f.name]
-        runs = [{"seed": s, "variant": v, "reason": dead[(s, v)]} for s in seeds for v in reads if (s, v) in dead]
+        runs = [{"seed": s, "variant": v, "reason": dead[(s, v)]} | ({"untrainable_base": True} if (s, v) in untrainable else {})
+                for s in seeds for v in reads if (s, v) in dead]
         keep = [i for i, s in enumerate(seeds) if not any((s, v) in dead for v in reads)]
         info: dict[str, Any] = {"study_has_dead_runs": bool(dead), "dead_runs": runs, "rule": DEAD_RUN_RULE,
                                 "seeds_without": [seeds[i] for i in keep]}

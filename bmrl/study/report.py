@@ -10,6 +10,7 @@ import os
 
 from bmrl.config import Config, make_budget
 from bmrl.learn.health import RULE
+from bmrl.study.verdicts import UNTRAINABLE_BASE_RULE
 from bmrl.eval import markdown
 from bmrl.study.findings import BASE, LEVELS, Study, f2_point
 
@@ -118,6 +119,18 @@ def dead_runs_md(runs: list[dict], total: int) -> list[str]:
              + ("" if r["still_at_end"] else " (it no longer held at the last step)") for r in runs]
     return head + [f"{len(runs)} of the {total} RL runs lost their signal; each verdict above says whether it holds "
                    f"without them. Rule: {RULE}", "", *lines, ""]
+
+
+def untrainable_bases_md(bases: list[dict], seeds: int, group_size: int) -> list[str]:
+    """report.md's section on SFT bases RL cannot learn from (`bmrl.reproduce.untrainable_bases`)."""
+    head = ["## SFT bases RL cannot learn from", ""]
+    if not bases:
+        return head + [f"RL can learn from each of the {seeds} SFT bases. Rule: {UNTRAINABLE_BASE_RULE}", ""]
+    lines = [f"- seed {b['seed']}: held-out Pass@(1,T) at the largest T {b['pass1']:.3f}; {b['signal_chance']:.2f} of "
+             f"task groups of {group_size} are expected to carry signal" for b in bases]
+    return head + [f"{len(bases)} of the {seeds} SFT bases are ones RL cannot learn from; their seeds' RL runs count as "
+                   f"dead, and each verdict above says whether it holds without them. Rule: {UNTRAINABLE_BASE_RULE}",
+                   "", *lines, ""]
 
 
 def report_md(cfg: Config, env: str, sentences, table_md, figures, seed_reports, wall, seeds, units,

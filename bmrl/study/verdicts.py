@@ -38,10 +38,25 @@ RULES = {
            "measure's interval is above 0 and none is below 0; opposite if against some fixed budget at least "
            "one is below 0 and none is above 0; else inconclusive."),
 }
-DEAD_RUN_RULE = ("A verdict holds without the dead runs (RL runs flagged by bmrl.learn.health.RULE) when the same "
+DEAD_RUN_RULE = ("A verdict holds without the dead runs (RL runs flagged by bmrl.learn.health.RULE, and every RL run "
+                 "of a seed whose SFT base RL cannot learn from, by UNTRAINABLE_BASE_RULE) when the same "
                  "finding, measured again on the seeds in which none of the RL runs it reads is dead (F1, F2: the "
                  "generous-budget run; F3: BudgetMix and both fixed budgets), gets the same verdict; when every seed "
                  "has such a dead run it cannot be checked, and the verdict rests on dead runs.")
+UNTRAINABLE_BASE_RULE = ("An SFT base is one RL cannot learn from when a task group of G = train.group_size attempts "
+                         "is more likely to carry no signal than some (every attempt failing, or every one "
+                         "succeeding): 1 - p^G - (1 - p)^G < 0.5, with p its held-out Pass@(1,T) at the largest T.")
+
+
+def group_signal_chance(p: float, group_size: int) -> float:
+    """The chance that `group_size` independent attempts of success probability `p` do not all agree: the
+    share of task groups whose outcome rewards differ (the only ones an outcome advantage learns from)."""
+    return float(1.0 - p ** group_size - (1.0 - p) ** group_size)
+
+
+def untrainable_base(p: float, group_size: int) -> bool:
+    """`UNTRAINABLE_BASE_RULE`: fewer than half of the task groups are expected to carry signal."""
+    return group_signal_chance(p, group_size) < 0.5
 CLAIMS = {
     "F1": "RL's gain shrinks when the turn budget is tight",
     "F2": "RL improves recovery after errors more than decisions in clean states",
