@@ -203,7 +203,12 @@ def test_report_figures_and_tables(tiny_run):
     assert (out / "data").is_dir() and not any((out / "seed0").glob("*/data"))  # one stored suite for all stages
     n_runs = len(seeds) * 3  # two steps each: shorter than train.dead_after, no run can be flagged
     assert summary["dead_runs"] == [] and f"None of the {n_runs} RL runs lost its signal. Rule: A run is dead" in report
-    assert "without the dead run" not in report  # no verdict sentence speaks of dead runs when there are none
+    # Three SFT steps leave a base that hardly ever succeeds: one RL cannot learn from, listed with the rule, and
+    # every verdict says it rests on such runs (each seed has one); no verdict names a run that is not flagged.
+    weak = [b["seed"] for b in summary["untrainable_bases"]]
+    assert "## SFT bases RL cannot learn from" in report and all(f"- seed {x}: held-out Pass@(1,T)" in report for x in weak)
+    named = {r["seed"] for k in ("F1", "F2", "F3") for r in summary["findings"][k]["without_dead_runs"]["dead_runs"]}
+    assert named == set(weak) and ("without the dead run" in report) == bool(weak)
     for seed_report in re.findall(r"\]\((seed\d+/eval/report\.md)\)", report):
         gfm_tables((out / seed_report).read_text())
 
