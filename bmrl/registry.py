@@ -55,8 +55,8 @@ class Registry(MutableMapping[str, T], Generic[T]):
         return Registry(self.what, self._entries)
 
     def names(self) -> str:
-        """The registered names, for messages ("a, b, c")."""
-        return ", ".join(self._entries)
+        """The registered names, sorted, for messages and docs ("a, b, c")."""
+        return ", ".join(sorted(self._entries))
 
     def lookup(self, name: str) -> T:
         """The entry of `name` (a lazy path imported now); UnknownName listing the valid names (`get` is

@@ -70,7 +70,7 @@ def registered(key: str) -> str:
     if key not in REGISTRIES:
         return ""
     module, name = REGISTRIES[key]
-    return f" (one of: {', '.join(getattr(importlib.import_module(module), name))})"
+    return f" (one of: {getattr(importlib.import_module(module), name).names()})"
 
 
 def schema_markdown(cfg: Any = None, prefix: str = "") -> str:
