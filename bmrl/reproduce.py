@@ -216,12 +216,13 @@ def _render(cfg: Config, names: list[str], per_seed: list[dict], seed_results: l
     study = study_findings(pooled, seed_results, names, ks, ts, rep, resamples)
     dead = dead_runs(health or {})
     weak = untrainable_bases(per_seed, rep.seeds, ks, cfg.train.group_size)
+    untrainable = [(w["seed"], v) for w in weak for v in rep.variants]
     flagged = {(w["seed"], v): f"its SFT base is one RL cannot learn from (Pass@(1,{max(ts)}) {w['pass1']:.3f}: "
                f"{w['signal_chance']:.2f} of groups of {cfg.train.group_size} carry signal)"
                for w in weak for v in rep.variants}
     flagged.update({(r["seed"], r["variant"]): r["flags"][0]["reason"] for r in dead})
     study = without_dead_runs(study, flagged, rep.seeds, per_seed, seed_results, names, ks, ts, rep, resamples,
-                              untrainable=[k for k in flagged if k[0] in {w["seed"] for w in weak}])
+                              untrainable=untrainable)
     sentences = [f.sentence() for f in study.findings]
     details = finding_sentences(study, rep)
     table_md, table = summary_table(pooled, study, names, ks, ts)

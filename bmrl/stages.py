@@ -70,10 +70,11 @@ class StageProgress:
         last = self._last(kind)
         if last is not None:
             return last
-        if kind and kind == self.kind and self._own() is not None:
-            return self._own()
+        own = self._own()
+        if kind and kind == self.kind and own is not None:
+            return own
         seen = [self._last(k) for k in {k for k, _, _ in self.done}]
-        return min(seen) if seen else self._own()
+        return min(seen) if seen else own
 
     def eta(self) -> str:
         """`eta N min` by the module's rule, or `eta ?` with nothing to project from."""
