@@ -221,7 +221,7 @@ SWEEP_ERRORS = {
     "overridden swept key": ({"overrides": {"train.group_size": 2}}, "overrides.train.group_size", "is swept"),
     "key in grid and zip": ({"grid": {"budget.kind": ["fixed"]}}, "grid.budget.kind", "also in zip"),
     "unknown sweep key": ({"gird": {}}, "gird", "Allowed keys: command, base, out_dir, overrides, grid, zip"),
-    "unknown command": ({"command": "trian"}, "command", "choose one of: train, sft"),
+    "unknown command": ({"command": "trian"}, "command", "is not a sweep command; choose one of: config, eval,"),
     "missing base": ({"base": "nope.yaml"}, "base", "does not exist"),
     "seeds type": ({"seeds": "0,1"}, "seeds", "Expected list of int"),
     "same directory": ({"grid": {"train.optim.lr": [0.001, 0.0010000001]}}, "sweep", "same directory name"),
