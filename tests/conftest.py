@@ -8,6 +8,26 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 # JAX's rolled threefry lowering on CPU (`bmrl.sampling`): the same bits, compiled 2-3x faster; the suite is
 # compile-bound. Set before bmrl is imported, and inherited by every subprocess and notebook kernel.
 os.environ.setdefault("BMRL_ROLLED_THREEFRY", "1")
+# The suite's compiles, cheap: LLVM without optimisation and XLA:CPU's loop emitters instead of its fusion
+# emitters compile the tiny programs 3x faster (test_generate.py: 16.1 s -> 5.0 s of XLA compile) and run
+# them slower, which tests of tiny models do not notice. Both are code generation only: the programs
+# compute the same operations. Appended to what the caller set (`TEST_XLA_FLAGS` for subprocesses), for
+# the jaxlib versions checked to parse them (XLA exits on an unknown flag); `BMRL_TEST_FAST_COMPILE=0`
+# runs the suite with XLA's defaults.
+FAST_COMPILE_FLAGS = "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
+
+
+def _fast_compile_flags() -> str:
+    from bmrl.xla_flags import KNOWN_JAXLIB, _jaxlib_minor
+
+    if os.environ.get("BMRL_TEST_FAST_COMPILE", "1") in ("0", "false", "no") or _jaxlib_minor() not in KNOWN_JAXLIB:
+        return ""
+    return FAST_COMPILE_FLAGS
+
+
+TEST_XLA_FLAGS = _fast_compile_flags()
+if TEST_XLA_FLAGS and TEST_XLA_FLAGS not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {TEST_XLA_FLAGS}".strip()
 
 
 # The slowest files first (measured on 2 cores). Note: pytest-xdist (>= 3.5) hands files out by
@@ -32,9 +52,12 @@ def pytest_configure(config):
     if "BMRL_COMPILE_CACHE" not in os.environ:
         os.environ["BMRL_COMPILE_CACHE"] = path = tempfile.mkdtemp(prefix="bmrl_test_xla_")
         config.add_cleanup(lambda: shutil.rmtree(path, ignore_errors=True))
+    import jax
+
     from bmrl.compile_cache import enable
 
     enable()
+    jax.monitoring.register_event_duration_secs_listener(_on_compile)
 
 
 def pytest_collection_modifyitems(config, items):
@@ -71,3 +94,68 @@ def _release_compiled_programs():
     compiles.clear()
     jax.clear_caches()
     gc.collect()
+
+
+# ---- The suite's cost: the slowest files with their compiles, printed at the end of every run ----
+
+COST_ROWS = 10  # files in the table
+_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+_compiled = [0, 0.0]  # this process: XLA compiles, seconds (a persistent-cache hit is not a compile)
+_reported = [0, 0.0]  # what the previous test report already carried
+
+
+def _on_compile(event: str, seconds: float, **_) -> None:
+    if event == _COMPILE_EVENT:
+        _compiled[0] += 1
+        _compiled[1] += seconds
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Each test phase's report carries the compiles made since the previous report (in this process;
+    a test's subprocesses compile on their own and show only in its seconds). `user_properties`
+    travels from an xdist worker to the controller."""
+    outcome = yield
+    report = outcome.get_result()
+    count, seconds = _compiled[0] - _reported[0], _compiled[1] - _reported[1]
+    _reported[:] = _compiled
+    report.user_properties = [*report.user_properties, ("bmrl_compiles", (count, seconds))]
+
+
+class SuiteCost:
+    """Seconds, tests, XLA compiles and compile seconds per test file, summed over report phases."""
+
+    def __init__(self):
+        self.files: dict[str, list[float]] = {}
+
+    def add(self, report) -> None:
+        row = self.files.setdefault(report.nodeid.split("::")[0], [0.0, 0, 0, 0.0])
+        row[0] += report.duration
+        row[1] += report.when == "call"
+        for name, value in report.user_properties:
+            if name == "bmrl_compiles":
+                row[2] += value[0]
+                row[3] += value[1]
+
+    def table(self, rows: int = COST_ROWS) -> list[str]:
+        total = [sum(r[i] for r in self.files.values()) for i in range(4)]
+        lines = [f"{'seconds':>8} {'tests':>6} {'compiles':>9} {'compile s':>10}  file (slowest {rows} of {len(self.files)})"]
+        for name, (secs, tests, n, cs) in sorted(self.files.items(), key=lambda kv: -kv[1][0])[:rows]:
+            lines.append(f"{secs:8.1f} {tests:6d} {n:9d} {cs:10.1f}  {name}")
+        lines.append(f"{total[0]:8.1f} {total[1]:6d} {total[2]:9d} {total[3]:10.1f}  all files (worker seconds)")
+        return lines
+
+
+_COST = SuiteCost()
+
+
+def pytest_runtest_logreport(report):
+    _COST.add(report)
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The cost table, so a test that adds programs shows up in the next run's summary."""
+    if _COST.files and not hasattr(terminalreporter.config, "workerinput"):
+        terminalreporter.section("suite cost (in-process XLA compiles; subprocesses count in seconds only)")
+        for line in _COST.table():
+            terminalreporter.write_line(line)

@@ -55,6 +55,23 @@ def test_all_success_all_failure_and_k_equals_n():
     np.testing.assert_allclose(pass_at_kt(one, [n], [2]), [[1.0]])
 
 
+def test_a_task_without_success_scores_exactly_zero_for_every_n_and_k():
+    """c(T) = 0 is exactly 0 (and c(T) = n exactly 1) beside tasks with other counts, for every n and k: the
+    log-ratio's cancelling terms are paired, so no compiler's order of summation leaves -9e-16 behind."""
+    n_max = 24
+    n_i = np.arange(1, n_max + 1)
+    fst = np.zeros((n_max, n_max), int)
+    for i, n in enumerate(n_i):
+        fst[i, : n // 2] = 3  # task i: n // 2 successes at turn 3, nothing before
+    per_task = pass_at_kt_per_task(fst, [1], [1, 2, 3], n_per_task=n_i)
+    assert (per_task[:, :, :2] == 0.0).all()
+    for n in (1, 2, 3, 5, 7, 12, 24):
+        never = np.zeros((3, n), int)
+        never[1, :] = 1  # one task that always succeeds beside two that never do
+        out = pass_at_kt_per_task(never, list(range(1, n + 1)), [1, 4])
+        assert (out[[0, 2]] == 0.0).all() and (out[1] == 1.0).all(), n
+
+
 def test_ragged_attempts_use_each_tasks_own_n():
     rng = np.random.default_rng(1)
     fst = rng.integers(0, 8, (12, 20))
