@@ -2,7 +2,7 @@
 
     python bench/device.py               # on a GPU/TPU: Qwen2.5-0.5B shape, bfloat16, batch 256, 16 turns x 32 tokens
     python bench/device.py --family gemma3_text   # another family's real shape (SHAPES: Qwen3-0.6B, Gemma-3-1B, ...)
-    python bench/device.py --cpu-smoke   # the same code on a tiny model on CPU (< 60 s; tests/test_device_bench.py)
+    python bench/device.py --cpu-smoke   # the same code on a tiny model on CPU (< 60 s; tests/repo/test_device_bench.py)
 
 Random weights (the shape is what costs). Every figure is measured side by side in this one run:
 - device references: copy bandwidth (a jitted `x + 1` over a large array: bytes read + written / time)

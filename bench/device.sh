@@ -57,7 +57,7 @@ if [[ $tests == 1 ]]; then
   # 4 workers share the one GPU: no worker may preallocate most of its memory (JAX's default 75%).
   XLA_PYTHON_CLIENT_PREALLOCATE=false JAX_DEFAULT_MATMUL_PRECISION=highest timeout 200 \
     "$PY" -m pytest -q -n 4 -p no:cacheprovider \
-    tests/test_parallel.py tests/test_memory.py tests/test_model_cache.py tests/test_model_parity.py \
+    tests/test_parallel.py tests/test_memory.py tests/model/test_decoder.py tests/model/families/test_parity.py \
     || echo "== tests failed (exit $?); the benchmark runs anyway"
 fi
 

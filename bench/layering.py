@@ -9,7 +9,7 @@ Reads every `bmrl/**/*.py` with `ast` (nothing is imported) and reports:
 - function-level imports of bmrl modules (each an import inside a function body);
 - env-kind forks: places outside config validation that ask whether the env is a Python one;
 - the longest functions and the largest modules.
-`tests/test_layering.py` turns the cycle count and the layer order into assertions.
+`tests/repo/test_layering.py` turns the cycle count and the layer order into assertions.
 """
 
 from __future__ import annotations

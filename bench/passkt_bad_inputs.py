@@ -1,4 +1,4 @@
-"""Replay the bad-input table of `tests/test_passkt_bad_inputs.py` against a checkout of bmrl.
+"""Replay the bad-input table of `tests/commands/test_passkt_bad_inputs.py` against a checkout of bmrl.
 
 Each case runs `python -m bmrl passkt ...` in its own process with a 3 GiB address-space limit and a
 timeout, so a case that exhausts memory fails alone. A case is handled cleanly when the command
@@ -23,7 +23,7 @@ import subprocess
 import sys
 import tempfile
 
-TESTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "test_passkt_bad_inputs.py")
+TESTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "commands", "test_passkt_bad_inputs.py")
 
 
 def _load_tests():

@@ -28,7 +28,7 @@ def unroll_threefry_on_cpu() -> bool:
 
 # BMRL_ROLLED_THREEFRY=1 keeps JAX's rolled CPU lowering: the same bits, and XLA compiles it 2-3x faster
 # (a compacting rollout of the test suite's tiny model: 21 s -> 7-9 s), for compile-bound runs such as
-# the test suite (tests/conftest.py sets it; tests/test_rollout.py checks both lowerings draw the same bits).
+# the test suite (tests/conftest.py sets it; tests/rollout/test_engine.py checks both lowerings draw the same bits).
 UNROLLED_THREEFRY = os.environ.get("BMRL_ROLLED_THREEFRY", "") != "1" and unroll_threefry_on_cpu()
 
 

@@ -34,10 +34,10 @@ if TEST_XLA_FLAGS and TEST_XLA_FLAGS not in os.environ.get("XLA_FLAGS", ""):
 # their number of tests, so this order decides only among files of equal test count (keeping it with
 # --no-loadscope-reorder was measured slower: the heaviest files then run side by side).
 SLOW_FIRST = (
-    "test_training_works.py", "test_mesh_train.py", "test_train.py", "test_rollout.py", "test_reproduce_report.py",
-    "test_sft.py",
-    "test_checkpoint_resume.py", "test_notebooks.py", "test_faults_train.py", "test_pyenv_config.py",
-    "test_memory.py", "test_eval_harness.py", "test_multihost.py", "test_reproduce_python.py",
+    "e2e/test_training_works.py", "e2e/test_mesh_train.py", "test_train.py", "rollout/test_engine.py",
+    "e2e/test_reproduce_report.py", "test_sft.py", "test_checkpoint.py", "repo/test_notebooks.py",
+    "e2e/test_faults_train.py", "e2e/test_python_env.py", "test_memory.py", "eval/test_evaluate.py",
+    "distributed/test_multihost.py", "e2e/test_reproduce_python.py",
 )
 
 
@@ -63,7 +63,8 @@ def pytest_configure(config):
 def pytest_collection_modifyitems(config, items):
     """Run the slowest files first (stable: tests keep their order within a file)."""
     rank = {name: i for i, name in enumerate(SLOW_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(SLOW_FIRST)))
+    tests = os.path.dirname(os.path.abspath(__file__))
+    items.sort(key=lambda item: rank.get(os.path.relpath(item.path, tests), len(SLOW_FIRST)))
 
 
 def pytest_xdist_auto_num_workers(config):

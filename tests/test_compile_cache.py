@@ -11,8 +11,8 @@ import sys
 import pytest
 
 from bmrl import compile_cache
+from tests.paths import ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # Sample 12 tokens from a tiny random model (`bmrl.generate`: prefill, decode loop, sampling) and
 # report the outputs with this process's compile and cache-hit events.

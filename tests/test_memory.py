@@ -22,9 +22,9 @@ from bmrl.memory import MemoryPlanError, activation_bytes, plan_memory
 from bmrl.model import ModelConfig, init_model
 from bmrl.model.attention import QUERY_BLOCK
 from bmrl.parallel import MeshConfig, make_mesh
+from tests.paths import ROOT
 from tests.test_train import fake_traj, flat, train_cfg
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 V, B, L = 24, 8, 12  # fake_traj's shapes
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import csv
 import json
 import os
-import pathlib
 
 import pytest
 import yaml
@@ -14,8 +13,8 @@ import yaml
 from bmrl import sweep as sweep_lib
 from bmrl.cli import main
 from bmrl.config import ConfigError
+from tests.paths import REPO
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 class Fake:

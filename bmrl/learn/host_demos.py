@@ -11,7 +11,7 @@ RECOVERY_STREAM draw of the rows that go on after a mistake), cut after the demo
 wrong action except in those rows, end at success, termination, the row's cap, a turn that does not
 fit `max_len`; the same `Demos` layout (`lay_out`). So a JAX env wrapped as a Python one
 (`bmrl.envs.python.jax_env`) gives the compiled path's demos token for token, and teacher-forcing a
-demo's replies through the host rollout reproduces its tokens (tests/test_host_demos.py).
+demo's replies through the host rollout reproduces its tokens (tests/learn/test_host_demos.py).
 
 Differences a Python env brings: `wrong` compares action texts with the oracle's (an env without
 `action_strings` has action ids INVALID and can only be demonstrated with noise 0); a turn whose reply

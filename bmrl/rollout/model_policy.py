@@ -59,7 +59,7 @@ def run_once(pred: jax.Array, fn: Callable, carry: Any) -> Any:
     """`fn(carry)` if `pred` else `carry`, as a loop that runs once or not at all. Not `lax.cond`: XLA
     copied the KV cache whole through the rollout's conditionals (nested ones, and ones inside the turn
     loop: two copies per turn, which made rollouts 1.1-1.3x slower on 2 idle CPU cores), while a loop's
-    carry is updated in place (`tests/test_rollout.py` and `tests/test_host_rollout.py` check the
+    carry is updated in place (`tests/rollout/test_engine.py` and `tests/rollout/test_host.py` check the
     compiled programs for cache-sized copies)."""
 
     def body(c):

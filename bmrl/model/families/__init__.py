@@ -5,7 +5,7 @@ walking the package, so a family whose differences fit these fields (bias placem
 embeddings, rope types, shape rules, Hugging Face class, tensor and config-key names) is one new
 file plus its parity test:
   1. `bmrl/model/families/<name>.py` with `FAMILY = Family(model_type=..., config_class=..., ...)`;
-  2. its entry in `CASES` of `tests/test_model_parity.py` (logits vs transformers, both directions).
+  2. its entry in `CASES` of `tests/model/families/test_parity.py` (logits vs transformers, both directions).
 The decoder's optional arithmetic is switched on by fields here (q/k norms, (1 + w) norms, sandwich
 norms, embedding scaling, the default sliding-window layer pattern); a family that needs arithmetic
 none of them describes also needs a decoder feature.

@@ -1,0 +1,427 @@
+"""The compiled multi-turn rollout: equality with the Python loop, caps, compiles, keys, overflow."""
+
+import math
+import os
+import re
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from bmrl import budget
+from bmrl.envs import ENVS, make
+from bmrl.rollout import Injection, RolloutConfig, RolloutError, default_format, rollout
+from bmrl.rollout.baseline import python_loop_rollout
+from bmrl.sampling import SamplingConfig
+from tests.paths import ROOT
+from tests.rollout_helpers import EIGHT_CPU_DEVICES, steered_policy
+
+ENV_OPTIONS = {
+    "corridor": dict(length=4, eps=0.3),
+    "frozenlake": dict(size=4, eps=0.2),
+    "toolchain": dict(k=2, num_keys=8, p_fail=0.3),
+    "sokoban": dict(size=5, boxes=1),
+    "keypad": dict(length=5, digits=5, eps=0.1),
+}
+FIELDS = (
+    "tokens", "length", "loss_mask", "turn_of_token", "action", "reward", "error", "invalid", "format_error",
+    "oracle_action", "progress", "turn_active", "caps", "turns_used", "success",
+    "first_success_turn", "terminated", "truncated", "overflow",
+)
+
+
+def _env(name, tok, **extra):
+    try:
+        return make(name, tok, **ENV_OPTIONS[name], **extra)
+    except ValueError as e:  # an env module not in this checkout yet
+        pytest.skip(str(e))
+
+
+def _cfg(max_turns=8, max_len=768, temperature=0.0, reply=6):
+    return RolloutConfig(max_turns=max_turns, max_reply_tokens=reply, max_len=max_len,
+                         sampling=SamplingConfig(temperature=temperature))
+
+
+def _assert_same(a, b):
+    for f in FIELDS:
+        np.testing.assert_array_equal(np.asarray(getattr(a, f)), np.asarray(getattr(b, f)), err_msg=f)
+    np.testing.assert_allclose(np.asarray(a.logprobs), np.asarray(b.logprobs), atol=1e-4)
+
+
+@pytest.mark.parametrize(
+    "name, temperature",
+    # Every env greedy, and sampled on two (corridor only sampled: each case costs a compile). Not keypad:
+    # the suite's tokenizer spells "press"/"delete" letter by letter, and a bigram-steered policy cannot
+    # spell repeated letters; keypad's episodes are checked by scripted policies (test_envs_keypad.py).
+    [(n, 0.0) for n in sorted(ENVS) if n not in ("corridor", "keypad")] + [("corridor", 1.0), ("toolchain", 1.0)],
+    ids=lambda v: {0.0: "greedy", 1.0: "sampled"}.get(v, v) if isinstance(v, float) else v,
+)
+def test_rollout_equals_python_loop(name, temperature, tiny_tokenizer):
+    """Token for token, with the same per-row keys: greedy and sampled replies alike."""
+    env = _env(name, tiny_tokenizer)
+    policy = steered_policy(env, default_format(env), seed=1, scale=3.0 if temperature else 12.0)
+    caps = jnp.array([1, 3, 6, 5, 2, 6, 6, 4], jnp.int32)
+    tasks = {"seed": jnp.arange(8, dtype=jnp.int32) + 100}
+    cfg = _cfg(max_turns=6, max_len=512, temperature=temperature)
+    a = rollout(policy, env, tasks, caps, jax.random.key(3), cfg)
+    b = python_loop_rollout(policy, env, tasks, caps, jax.random.key(3), cfg)
+    _assert_same(a, b)
+    # The steered policy really acts: valid actions step the environment; sampling varies them.
+    actions = np.asarray(a.action)[np.asarray(a.turn_active)]
+    assert (actions >= 0).any(), actions
+    if temperature:
+        assert len(set(actions.tolist())) > 1, actions
+
+
+def test_caps_hold_exactly(tiny_tokenizer):
+    env = _env("corridor", tiny_tokenizer, show_budget=True)
+    policy = steered_policy(env, default_format(env), seed=3, scale=3.0)
+    cfg = _cfg(max_turns=12, max_len=1024, temperature=1.0)
+    batch = 64
+    caps = budget.mix([2, 5, 12], [0.3, 0.3, 0.4]).sample(jax.random.key(0), batch, group_size=8)
+    tasks = {"seed": jnp.arange(batch, dtype=jnp.int32)}
+    tr = jax.tree.map(np.asarray, rollout(policy, env, tasks, caps, jax.random.key(1), cfg))
+    assert np.all(tr.turns_used <= tr.caps)
+    assert np.all(tr.turn_active.sum(1) == tr.turns_used)
+    # No token of a turn at or past the cap; no policy token outside acted turns.
+    assert np.all(tr.turn_of_token < tr.caps[:, None])
+    for b in range(batch):
+        assert np.all(tr.turn_active[b, : tr.turns_used[b]]) and not tr.turn_active[b, tr.turns_used[b]:].any()
+    # Early success stops early; otherwise the cap (or the buffer) stopped the sequence.
+    won = tr.success
+    assert won.any() and (~won).any()
+    np.testing.assert_array_equal(tr.turns_used[won], tr.first_success_turn[won])
+    assert np.all(tr.truncated[~won & ~tr.overflow] == (tr.turns_used[~won & ~tr.overflow] == tr.caps[~won & ~tr.overflow]))
+    assert not tr.truncated[won].any()
+    # The loss mask marks sampled tokens only, all inside acted turns.
+    assert np.all(tr.turn_of_token[tr.loss_mask > 0] >= 0)
+    assert np.all(tr.logprobs[tr.loss_mask == 0] == 0)
+
+
+def test_one_compile_across_budgets(tiny_tokenizer):
+    env = _env("corridor", tiny_tokenizer)
+    policy = steered_policy(env, default_format(env), seed=4, scale=3.0)
+    cfg = _cfg(max_turns=16, max_len=1024, temperature=1.0)
+    from flax import nnx
+
+    from bmrl.rollout import make_rollout
+
+    graphdef, _ = nnx.split(policy)
+    run = make_rollout(graphdef, env, default_format(env), cfg)
+    before = run.trace_count()
+    tasks = {"seed": jnp.arange(16, dtype=jnp.int32)}
+    samplers = [budget.fixed(3), budget.fixed(16), budget.mix([2, 8, 16], [0.2, 0.3, 0.5]),
+                budget.uniform(1, 16), budget.mix([4, 12])]
+    used = []
+    for i, b in enumerate(samplers):
+        caps = b.sample(jax.random.key(i), 16, group_size=4, share_in_group=i % 2 == 0)
+        tr = rollout(policy, env, tasks, caps, jax.random.key(10 + i), cfg)
+        used.append(np.asarray(tr.turns_used))
+    assert run.trace_count() - before <= 1, "the rollout recompiled for new caps"
+    assert len({u.tobytes() for u in used}) > 1
+
+
+def test_same_key_same_trajectory_and_neighbours_do_not_matter(tiny_tokenizer):
+    env = _env("frozenlake", tiny_tokenizer)
+    policy = steered_policy(env, default_format(env), seed=5, scale=3.0)
+    cfg = _cfg()
+    keys = jax.random.split(jax.random.key(7), 8)
+    tasks = {"seed": jnp.arange(8, dtype=jnp.int32)}
+    caps = jnp.full((8,), 8, jnp.int32)
+    a = rollout(policy, env, tasks, caps, keys, cfg)
+    b = rollout(policy, env, tasks, caps, keys, cfg)
+    _assert_same(a, b)
+    # Different neighbours (tasks, caps, keys of rows 1..7): row 0 is unchanged.
+    tasks2 = {"seed": jnp.arange(8, dtype=jnp.int32).at[1:].add(50)}
+    caps2 = caps.at[1:].set(3)
+    keys2 = keys.at[1:].set(jax.random.split(jax.random.key(99), 7))
+    c = rollout(policy, env, tasks2, caps2, keys2, cfg)
+    for f in FIELDS:
+        np.testing.assert_array_equal(np.asarray(getattr(a, f))[0], np.asarray(getattr(c, f))[0], err_msg=f)
+
+
+def test_group_members_sample_differently(tiny_tokenizer):
+    env = _env("corridor", tiny_tokenizer)
+    policy = steered_policy(env, default_format(env), seed=6, scale=3.0)
+    cfg = _cfg(temperature=1.0)
+    tasks = {"seed": jnp.repeat(jnp.arange(2, dtype=jnp.int32), 8)}
+    tr = rollout(policy, env, tasks, jnp.full((16,), 4, jnp.int32), jax.random.key(0), cfg)
+    tokens = np.asarray(tr.tokens).reshape(2, 8, -1)
+    for g in range(2):
+        assert len({row.tobytes() for row in tokens[g]}) > 1
+
+
+def test_overflow_is_flagged_and_corrupts_nothing(tiny_tokenizer):
+    env = _env("corridor", tiny_tokenizer)
+    policy = steered_policy(env, default_format(env), seed=7)
+    fmt = default_format(env)
+    small = fmt.tokens_needed(2, env.max_obs_len, 6)
+    tasks = {"seed": jnp.arange(4, dtype=jnp.int32)}
+    caps = jnp.array([2, 8, 8, 8], jnp.int32)
+    tight = rollout(policy, env, tasks, caps, jax.random.key(0), _cfg(max_len=small))
+    roomy = rollout(policy, env, tasks, caps, jax.random.key(0), _cfg(max_len=2048))
+    t, r = jax.tree.map(np.asarray, tight), jax.tree.map(np.asarray, roomy)
+    assert t.length.max() <= small
+    stopped = t.turns_used < r.turns_used
+    assert stopped.any()
+    np.testing.assert_array_equal(t.overflow, stopped)
+    assert not t.truncated[t.overflow].any()
+    for b in range(4):  # what the tight run holds is exactly the start of the roomy run
+        n = t.length[b]
+        np.testing.assert_array_equal(t.tokens[b, :n], r.tokens[b, :n])
+        np.testing.assert_array_equal(t.loss_mask[b, :n], r.loss_mask[b, :n])
+
+
+def test_bad_inputs_are_refused(tiny_tokenizer):
+    env = _env("corridor", tiny_tokenizer)
+    policy = steered_policy(env, default_format(env))
+    tasks = {"seed": jnp.arange(2, dtype=jnp.int32)}
+    key = jax.random.key(0)
+    with pytest.raises(RolloutError, match=r"in \[1, max_turns=8\]"):
+        rollout(policy, env, tasks, jnp.array([3, 9]), key, _cfg())
+    with pytest.raises(RolloutError, match=r"in \[1, max_turns=8\]"):
+        rollout(policy, env, tasks, jnp.array([0, 2]), key, _cfg())
+    with pytest.raises(RolloutError, match="cannot hold even the smallest budget.*need up to"):
+        rollout(policy, env, tasks, jnp.array([4, 4]), key, _cfg(max_len=64))
+    with pytest.raises(RolloutError, match="max_reply_tokens=1 cannot hold"):
+        rollout(policy, env, tasks, jnp.array([4, 4]), key, _cfg(reply=1))
+    with pytest.raises(RolloutError, match="must be >= 1"):
+        RolloutConfig(max_turns=0, max_reply_tokens=4, max_len=128)
+
+
+def test_sharded_rollout_matches_single_device(tmp_path):
+    """8 simulated CPU devices (data x tensor mesh) give the same greedy tokens as one device."""
+    script = textwrap.dedent(
+        """
+        import jax, jax.numpy as jnp, numpy as np
+        from bmrl.envs import make
+        from tests.tiny_tokenizer import shared_tokenizer
+        from bmrl.parallel import MeshConfig, make_mesh, shard_batch, shard_model
+        from bmrl.rollout import RolloutConfig, default_format, rollout
+        from bmrl.sampling import SamplingConfig
+        from tests.rollout_helpers import EIGHT_CPU_DEVICES, steered_policy
+        assert jax.device_count() == 8, jax.devices()
+        tok = shared_tokenizer()
+        env = make("corridor", tok, length=4, eps=0.3)
+        policy = steered_policy(env, default_format(env), seed=1, noise=0.5)  # noise: no exact argmax ties
+        cfg = RolloutConfig(max_turns=6, max_reply_tokens=6, max_len=512, sampling=SamplingConfig(0.0))
+        tasks = {"seed": jnp.arange(16, dtype=jnp.int32)}
+        caps = jnp.array([1, 2, 3, 4, 5, 6, 6, 5] * 2, jnp.int32)
+        one = rollout(policy, env, tasks, caps, jax.random.key(0), cfg)
+        mesh = make_mesh(MeshConfig(data=4, fsdp=1, tensor=2))
+        sharded_policy = shard_model(policy, mesh)
+        sh_tasks, sh_caps = shard_batch((tasks, caps), mesh)
+        many = rollout(sharded_policy, env, sh_tasks, sh_caps, jax.random.key(0), cfg)
+        assert len(many.tokens.sharding.device_set) == 8, many.tokens.sharding
+        q = sharded_policy.layers[0].self_attn.q_proj.kernel[...]
+        assert q.sharding.spec == jax.sharding.PartitionSpec("fsdp", "tensor"), q.sharding
+        for f in ("tokens", "length", "action", "turns_used", "success"):
+            np.testing.assert_array_equal(np.asarray(getattr(one, f)), np.asarray(getattr(many, f)), err_msg=f)
+        print("SHARDED_OK")
+        """
+    )
+    env = dict(os.environ, XLA_FLAGS=EIGHT_CPU_DEVICES, JAX_PLATFORMS="cpu")
+    root = ROOT
+    out = subprocess.run([sys.executable, "-c", script], env=env, cwd=root, capture_output=True, text=True, timeout=600)
+    assert "SHARDED_OK" in out.stdout, out.stdout[-2000:] + out.stderr[-4000:]
+
+
+def test_error_injection_forces_wrong_actions(tiny_tokenizer):
+    env = _env("frozenlake", tiny_tokenizer)
+    policy = steered_policy(env, default_format(env), seed=8, scale=3.0)
+    cfg = _cfg(temperature=1.0)
+    tasks = {"seed": jnp.arange(64, dtype=jnp.int32)}
+    caps = jnp.full((64,), 6, jnp.int32)
+    inject = Injection.at(cfg.max_turns, turns=[1, 3], prob=0.5)
+    tr = jax.tree.map(np.asarray, rollout(policy, env, tasks, caps, jax.random.key(0), cfg, inject=inject))
+    inj = tr.injected
+    assert not inj[:, [0, 2, 4, 5]].any()
+    assert np.all(tr.turn_active[inj])
+    rate = inj[:, 1][tr.turn_active[:, 1]].mean()
+    assert 0.3 < rate < 0.7, rate
+    # A forced action is valid and never the oracle's.
+    assert np.all(tr.action[inj] >= 0) and np.all(tr.action[inj] != tr.oracle_action[inj])
+    none = jax.tree.map(np.asarray, rollout(policy, env, tasks, caps, jax.random.key(0), cfg))
+    assert not none.injected.any()
+
+
+def test_compaction_chunks_divide_the_batch():
+    """A turn is played in chunks of batch / k rows (k <= compact_steps, dividing the batch, chunks of
+    at least compact_min_rows); compaction off (or a batch too small to split) is the whole batch;
+    on by default on CPU (the config's platform default and RolloutConfig agree); a step count below 1
+    is refused with the fix."""
+    from bmrl.assembly.settings import platform_default
+    from bmrl.config.schema import RolloutCfg
+
+    def chunk(batch, min_rows, steps=4):
+        return RolloutConfig(4, 2, 8, compact_min_rows=min_rows, compact_steps=steps).compact_chunk(batch)
+
+    assert chunk(64, 8) == 16 and chunk(256, 8) == 64 and chunk(16, 8) == 8 and chunk(12, 8) == 12
+    assert chunk(64, 8, steps=8) == 8 and chunk(10, 3, steps=3) == 5 and chunk(7, 2) == 7 and chunk(64, 0) == 64
+    assert RolloutConfig(4, 2, 8).compact_chunk(64) == 16 and RolloutConfig(4, 2, 8).compact_chunk(16) == 16
+    assert jax.default_backend() == "cpu"
+    assert ((platform_default("compact_min_rows", RolloutCfg().compact_min_rows), RolloutCfg().compact_steps,
+             platform_default("attention_block", RolloutCfg().attention_block))
+            == (RolloutConfig(4, 2, 8).compact_min_rows, RolloutConfig(4, 2, 8).compact_steps,
+                RolloutConfig(4, 2, 8).attention_block))
+    with pytest.raises(RolloutError, match="compact_steps must be >= 1"):
+        RolloutConfig(4, 2, 8, compact_min_rows=8, compact_steps=0)
+
+
+def test_rollout_speed_knobs_take_the_platform_default_only_when_null(monkeypatch):
+    """Left null, compaction and the cache's attention block follow the platform (on by default and 64
+    keys on CPU; off and 256 keys on GPU/TPU, measured on an H200); a value in the config always wins."""
+    from bmrl import config as config_lib
+    from bmrl.assembly import settings as env_build
+
+    def resolved(backend, **rollout):
+        monkeypatch.setattr(env_build.jax, "default_backend", lambda: backend)
+        r = env_build.rollout_config(config_lib.build({"rollout": rollout}))
+        return r.compact_min_rows, r.attention_block
+
+    assert resolved("cpu") == (16, 64)
+    assert resolved("gpu") == resolved("tpu") == (0, 256)
+    assert resolved("gpu", compact_min_rows=8, attention_block=32) == (8, 32)
+    assert resolved("cpu", compact_min_rows=0, attention_block=0) == (0, 0)
+
+
+def test_attention_block_changes_only_the_work(tiny_tokenizer, monkeypatch):
+    """`attention_block` (config `rollout.attention_block`) sets how many cache keys a step of the
+    blocked attention reads: every attention over the cache in the traced rollout gets it, and blocks
+    of 16 (a context of several blocks; also through the Python-driven baseline), the default 64 and
+    the whole buffer at once (0) give the same greedy trajectories, log-probs within float tolerance;
+    a negative block is refused with the fix."""
+    import dataclasses
+
+    from bmrl.model import decoder
+
+    env = _env("corridor", tiny_tokenizer)
+    policy = steered_policy(env, default_format(env), seed=2, scale=3.0)
+    tasks, caps, key = {"seed": jnp.arange(4, dtype=jnp.int32)}, jnp.asarray([2, 5, 8, 8], jnp.int32), jax.random.key(3)
+    runs, seen = {}, []
+    real = decoder.attend_cache
+    monkeypatch.setattr(decoder, "attend_cache", lambda *a: seen.append(a[5]) or real(*a))
+    for block in (16, 64, 0):
+        cfg = dataclasses.replace(_cfg(max_len=256, max_turns=9), attention_block=block)  # a program of its own
+        seen.clear()
+        runs[block] = rollout(policy, env, tasks, caps, key, cfg)
+        assert seen and set(seen) == {block}, (block, set(seen))
+        if block == 16:  # the Python-driven loop at the same block
+            _assert_same(runs[block], python_loop_rollout(policy, env, tasks, caps, key, cfg))
+    assert int(np.asarray(runs[64].length).max()) > 3 * 16  # the 16-key blocks really loop
+    _assert_same(runs[16], runs[64])
+    _assert_same(runs[0], runs[64])
+    with pytest.raises(RolloutError, match="attention_block must be >= 0"):
+        RolloutConfig(4, 2, 8, attention_block=-1)
+    from bmrl.config.schema import RolloutCfg
+    from bmrl.model.attention import BLOCK_SIZE
+
+    assert RolloutCfg().attention_block is None  # the platform's (test_rollout_speed_knobs_take_the_platform_default...)
+    assert RolloutConfig(4, 2, 8).attention_block == BLOCK_SIZE  # the CPU's default, one constant
+
+
+def test_rollout_program_never_copies_the_kv_cache(tiny_tokenizer):
+    """The compiled rollout (compaction on: live rows packed first, a turn played chunk by chunk) holds
+    no instruction that copies or transposes a cache-sized array: per-turn prefill, decode and the
+    compaction all update the cache in place (XLA copied it whole, twice a turn, when the prefill ran
+    under `lax.cond`)."""
+    import dataclasses
+
+    from flax import nnx
+
+    from bmrl.rollout.engine import make_rollout
+    from tests.model.test_attention import _cache_sized_copies
+
+    env = _env("corridor", tiny_tokenizer)
+    fmt = default_format(env)
+    policy = steered_policy(env, fmt, seed=2, scale=3.0)
+    cfg = dataclasses.replace(_cfg(max_turns=4, max_len=256), compact_min_rows=2)
+    graphdef, params = nnx.split(policy)
+    run = make_rollout(graphdef, env, fmt, cfg)
+    batch = 4
+    args = (params, {"seed": jnp.arange(batch, dtype=jnp.int32)}, jnp.full((batch,), 4, jnp.int32),
+            jax.random.key(0), Injection.none(cfg.max_turns))
+    hlo = run.lower(*args).compile().as_text()
+    cache = policy.init_cache(batch, cfg.max_len)[0][0]
+    assert cache.size in [math.prod(int(d) for d in dims.split(",")) for dims in re.findall(r"f32\[([\d,]+)\]", hlo)]
+    assert _cache_sized_copies(hlo, cache.size) == []
+
+
+@pytest.mark.parametrize("name", ["corridor"])  # one env: each program is a compile
+def test_compaction_changes_nothing_but_the_work(name, tiny_tokenizer):
+    """Finished rows leave the batch (live rows packed first, turns played in chunks of 4 rows while a
+    chunk holds a live row, the KV cache staying in place) and every row's trajectory, sampled at
+    temperature 1 with its own key, is the one it has in the full batch: same tokens, same order."""
+    import dataclasses
+
+    env = _env(name, tiny_tokenizer)
+    policy = steered_policy(env, default_format(env), seed=2, scale=3.0)
+    cfg = _cfg(temperature=1.0)
+    caps = jnp.asarray(np.tile([1, 2, 3, 8, 4, 8, 6, 5], 2), jnp.int32)  # rows finish at every turn
+    tasks = {"seed": jnp.arange(16, dtype=jnp.int32) * 7}
+    key = jax.random.key(11)
+    full = rollout(policy, env, tasks, caps, key, dataclasses.replace(cfg, compact_min_rows=0))
+    compacting = dataclasses.replace(cfg, compact_min_rows=4)
+    assert compacting.compact_chunk(16) == 4
+    _assert_same(full, rollout(policy, env, tasks, caps, key, compacting))
+    used = np.asarray(full.turns_used)
+    assert used.min() < used.max()  # rows really finished at different turns
+
+
+@pytest.mark.parametrize("name", ["sokoban", "toolchain", "keypad"])  # frozenlake's grid state is sokoban's kind
+def test_compaction_gathers_every_env_state(name, tiny_tokenizer):
+    """Each kind of environment state (a grid, a tool chain, a code: pytrees of their own shapes) is gathered
+    when the batch compacts (4 rows in chunks of 2, the smallest program that compacts): every row's sampled
+    trajectory is the one it has in the full batch (keypad's replies mostly fail to parse here, see
+    above: its state is gathered all the same)."""
+    import dataclasses
+
+    env = _env(name, tiny_tokenizer)
+    policy = steered_policy(env, default_format(env), seed=2, scale=3.0)
+    cfg = _cfg(max_turns=4, max_len=512, temperature=1.0)
+    compacting = dataclasses.replace(cfg, compact_min_rows=2, compact_steps=2)
+    caps, tasks, key = jnp.asarray([1, 4, 2, 4], jnp.int32), {"seed": jnp.arange(4, dtype=jnp.int32) * 5}, jax.random.key(7)
+    full = rollout(policy, env, tasks, caps, key, dataclasses.replace(cfg, compact_min_rows=0))
+    assert compacting.compact_chunk(4) == 2
+    _assert_same(full, rollout(policy, env, tasks, caps, key, compacting))
+    assert (np.asarray(full.turns_used) <= np.asarray(caps)).all() and int(np.asarray(full.turns_used).max()) > 1
+
+
+def test_unrolled_threefry_draws_the_same_bits():
+    """`bmrl.sampling` lowers threefry unrolled on CPU (the suite runs the rolled lowering,
+    BMRL_ROLLED_THREEFRY=1, which compiles faster): both give the same keys, bits and samples; the unrolled
+    program really has no loop."""
+    script = textwrap.dedent(
+        """
+        import os
+        assert os.environ["BMRL_ROLLED_THREEFRY"] == "1"
+        import jax, jax.numpy as jnp, numpy as np
+        from bmrl import sampling
+
+        def draws(key):
+            a, b = jax.random.split(key)
+            return (jax.random.bits(a, (64,)), jax.random.categorical(b, jnp.log(jnp.array([0.2, 0.3, 0.5])), shape=(256,)),
+                    jax.random.randint(jax.random.fold_in(key, 3), (64,), 1, 9), jax.random.key_data(jax.random.split(b, 4)))
+
+        key = jax.random.key(7)
+        assert not sampling.UNROLLED_THREEFRY
+        rolled_hlo = jax.jit(draws).lower(key).as_text()
+        rolled = jax.device_get(jax.jit(draws)(key))
+        assert sampling.unroll_threefry_on_cpu()
+        jax.clear_caches()
+        unrolled_hlo = jax.jit(draws).lower(key).as_text()
+        unrolled = jax.device_get(jax.jit(draws)(key))
+        assert "stablehlo.while" in rolled_hlo and "stablehlo.while" not in unrolled_hlo
+        for x, y in zip(rolled, unrolled):
+            np.testing.assert_array_equal(x, y)
+        print("SAME_BITS")
+        """
+    )
+    env = dict(os.environ, BMRL_ROLLED_THREEFRY="1", JAX_PLATFORMS="cpu")
+    root = ROOT
+    out = subprocess.run([sys.executable, "-c", script], env=env, cwd=root, capture_output=True, text=True, timeout=300)
+    assert "SAME_BITS" in out.stdout, out.stdout[-2000:] + out.stderr[-4000:]
