@@ -4,30 +4,16 @@ import os
 
 import pytest
 
+from tests import xla as _xla
+
 os.environ.setdefault("MPLBACKEND", "Agg")
 # JAX's rolled threefry lowering on CPU (`bmrl.sampling`): the same bits, compiled 2-3x faster; the suite is
 # compile-bound. Set before bmrl is imported, and inherited by every subprocess and notebook kernel.
 os.environ.setdefault("BMRL_ROLLED_THREEFRY", "1")
-# The suite's compiles, cheap: LLVM without optimisation and XLA:CPU's loop emitters instead of its fusion
-# emitters compile the tiny programs 3x faster (test_generate.py: 16.1 s -> 5.0 s of XLA compile) and run
-# them slower, which tests of tiny models do not notice. Both are code generation only: the programs
-# compute the same operations. Appended to what the caller set (`TEST_XLA_FLAGS` for subprocesses), for
-# the jaxlib versions checked to parse them (XLA exits on an unknown flag); `BMRL_TEST_FAST_COMPILE=0`
-# runs the suite with XLA's defaults.
-FAST_COMPILE_FLAGS = "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
-
-
-def _fast_compile_flags() -> str:
-    from bmrl.xla_flags import KNOWN_JAXLIB, _jaxlib_minor
-
-    if os.environ.get("BMRL_TEST_FAST_COMPILE", "1") in ("0", "false", "no") or _jaxlib_minor() not in KNOWN_JAXLIB:
-        return ""
-    return FAST_COMPILE_FLAGS
-
-
-TEST_XLA_FLAGS = _fast_compile_flags()
-if TEST_XLA_FLAGS and TEST_XLA_FLAGS not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {TEST_XLA_FLAGS}".strip()
+# Cheap compiles for the whole suite and every subprocess it starts (`tests.xla`), set before JAX starts.
+_FAST = _xla.fast_compile()
+if _FAST and _FAST not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_FAST}".strip()
 
 
 # The slowest files first (measured on 2 cores). Note: pytest-xdist (>= 3.5) hands files out by
@@ -99,7 +85,7 @@ def _release_compiled_programs():
 
 # ---- The suite's cost: the slowest files with their compiles, printed at the end of every run ----
 
-COST_ROWS = 10  # files in the table
+COST_ROWS = int(os.environ.get("BMRL_TEST_COST_ROWS", "10"))  # files in the table (0: every file)
 _COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 _compiled = [0, 0.0]  # this process: XLA compiles, seconds (a persistent-cache hit is not a compile)
 _reported = [0, 0.0]  # what the previous test report already carried
@@ -139,6 +125,7 @@ class SuiteCost:
                 row[3] += value[1]
 
     def table(self, rows: int = COST_ROWS) -> list[str]:
+        rows = rows or len(self.files)
         total = [sum(r[i] for r in self.files.values()) for i in range(4)]
         lines = [f"{'seconds':>8} {'tests':>6} {'compiles':>9} {'compile s':>10}  file (slowest {rows} of {len(self.files)})"]
         for name, (secs, tests, n, cs) in sorted(self.files.items(), key=lambda kv: -kv[1][0])[:rows]:

@@ -38,9 +38,3 @@ def steered_policy(env, fmt, seed: int = 0, scale: float = 12.0, mix: float = 0.
     kernel += noise * np.random.default_rng(seed).standard_normal(kernel.shape) * (kernel != 0).any(0)
     model.lm_head.kernel[...] = jnp.asarray(kernel * scale)
     return model
-
-
-# XLA_FLAGS of a subprocess that simulates 8 CPU devices. Its collectives wait for every device
-# thread; on a loaded 2-core machine (the suite's other worker busy) a thread can miss XLA's default
-# 40 s rendezvous deadline and the process aborts, so the deadline is raised to 10 minutes.
-EIGHT_CPU_DEVICES = "--xla_force_host_platform_device_count=8 --xla_cpu_collective_call_terminate_timeout_seconds=600"

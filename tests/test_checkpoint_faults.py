@@ -26,7 +26,7 @@ from bmrl.checkpoint import (
     probe_writable,
 )
 from tests.paths import ROOT
-from tests.rollout_helpers import EIGHT_CPU_DEVICES
+from tests.xla import EIGHT_CPU_DEVICES
 
 
 def _state(seed: int, rows: int = 64):

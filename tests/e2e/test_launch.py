@@ -28,6 +28,7 @@ import numpy as np
 import pytest
 
 from tests.paths import ROOT
+from tests.xla import cpu_devices
 from tests.e2e.test_reproduce_report import TINY
 
 TIMEOUT_S = 600  # a hang guard; the study takes about 2.5 minutes on an idle 2-core machine
@@ -53,7 +54,7 @@ def _env(devices: int | None) -> dict[str, str]:
                                                                      "BMRL_PROCESS_ID", "BMRL_DISTRIBUTED"))}
     env.update(PYTHONPATH=ROOT + os.pathsep + env.get("PYTHONPATH", ""), CI="1")
     if devices:
-        env.update(JAX_PLATFORMS="cpu", XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+        env.update(JAX_PLATFORMS="cpu", XLA_FLAGS=cpu_devices(devices))
     return env
 
 

@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 from tests.paths import ROOT
-from tests.rollout_helpers import EIGHT_CPU_DEVICES
+from tests.xla import EIGHT_CPU_DEVICES
 
 STEPS = 4
 TINY = dict(

@@ -67,7 +67,7 @@ def test_adapters_follow_the_partition_rules():
     from jax.sharding import PartitionSpec as P
 
     from bmrl.parallel import spec_for
-    from tests.rollout_helpers import EIGHT_CPU_DEVICES
+    from tests.xla import EIGHT_CPU_DEVICES
     from tests.test_parallel import FakeMesh
 
     mesh = FakeMesh()

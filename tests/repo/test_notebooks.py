@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from tests.paths import REPO
+from tests.xla import fast_compile
 
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
@@ -38,8 +39,8 @@ def kernel(tmp_path, monkeypatch):
     monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "jupyter"))
     monkeypatch.setenv("MPLBACKEND", "module://matplotlib_inline.backend_inline")  # figures become outputs
     monkeypatch.setenv("JAX_PLATFORMS", "cpu")
-    # One CPU device whatever other tests set, and cheap compiles: a test run is compile-bound.
-    monkeypatch.setenv("XLA_FLAGS", "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true")
+    # One CPU device whatever other tests set, and the suite's cheap compiles (tests.xla).
+    monkeypatch.setenv("XLA_FLAGS", fast_compile())
     return KERNEL
 
 

@@ -18,7 +18,8 @@ from bmrl.rollout import Injection, RolloutConfig, RolloutError, default_format,
 from bmrl.rollout.baseline import python_loop_rollout
 from bmrl.sampling import SamplingConfig
 from tests.paths import ROOT
-from tests.rollout_helpers import EIGHT_CPU_DEVICES, steered_policy
+from tests.rollout_helpers import steered_policy
+from tests.xla import EIGHT_CPU_DEVICES
 
 ENV_OPTIONS = {
     "corridor": dict(length=4, eps=0.3),
@@ -203,7 +204,7 @@ def test_sharded_rollout_matches_single_device(tmp_path):
         from bmrl.parallel import MeshConfig, make_mesh, shard_batch, shard_model
         from bmrl.rollout import RolloutConfig, default_format, rollout
         from bmrl.sampling import SamplingConfig
-        from tests.rollout_helpers import EIGHT_CPU_DEVICES, steered_policy
+        from tests.rollout_helpers import steered_policy
         assert jax.device_count() == 8, jax.devices()
         tok = shared_tokenizer()
         env = make("corridor", tok, length=4, eps=0.3)
