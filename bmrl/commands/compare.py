@@ -130,7 +130,7 @@ def _run(args: argparse.Namespace, cfg) -> int:
         results[name] = evaluate_config(cfg, run, model, jax.random.key(cfg.seed),
                                         **({} if name in loaded else {"fmt": None}))
     suites = pol.suite_summary(cfg, run)  # how the test tasks were held out, and how many repeat a training level
-    findings = compare_findings(results["base"], results["trained"], num_resamples=e.bootstrap)
+    findings = compare_findings(results["base"], results["trained"], num_resamples=e.bootstrap, confidence=CONFIDENCE)
     env_name = pol.player_class(cfg).compare_label(cfg)
     settings = {"config": args.config, "base": args.base, "trained": args.trained, "env": f"{env_name} {dict(cfg.env.options)}",
                 "tasks": f"{e.num_tasks} held-out test tasks x {e.attempts} attempts", "T grid": list(e.ts), "mode": e.mode,
@@ -156,7 +156,9 @@ def _no_nan(x: Any) -> Any:
     return x
 
 
-INTERVAL = "95% bootstrap interval over tasks, paired (both policies on the same tasks with the same keys)"
+CONFIDENCE = 0.95  # the level of every interval compare reports, and of the verdicts read from them
+INTERVAL = (f"{100 * CONFIDENCE:g}% bootstrap interval over tasks, paired (both policies on the same tasks with the same "
+            "keys)")
 
 
 def report(findings: dict, results: dict, settings: dict, suites: dict | None = None) -> str:
@@ -186,7 +188,7 @@ def report(findings: dict, results: dict, settings: dict, suites: dict | None = 
         "# bmrl compare", "",
         f"The findings of the study \"{STUDY}\" (F1, F2) tested between two policies. Intervals: {INTERVAL}.", "",
         markdown.key_values(settings), "", *([suite_line(suites), ""] if suites else []), "## Verdicts", "",
-        markdown.table(["finding", "verdict", "statistic", "mean [95% interval]"], rows), "",
+        markdown.table(["finding", "verdict", "statistic", f"mean [{100 * CONFIDENCE:g}% interval]"], rows), "",
         (f"F2 compares the two policies on the states both met: {shared['clean']} clean states and "
          f"{shared['post_error']} states right after a first error."), "",
         *[f"- {findings[k].sentence()}" for k in ("F1", "F2")], "", "## Rules", "",
