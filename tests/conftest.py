@@ -1,4 +1,5 @@
-"""Shared fixtures: one tiny tokenizer trained on every environment's text, built once per session."""
+"""The suite's set-up: cheap XLA compiles (`tests.xla`), one persistent compile cache, the slowest files first,
+shared fixtures (one tiny tokenizer per session), and the cost table printed at the end of every run."""
 
 import os
 
