@@ -11,13 +11,16 @@ identity.
 `program` builds once per `(name, key)`; the key must be hashable and equal exactly when the built
 program would be the same (static shapes, environment, format, model graph). `counted_jit` wraps
 `jax.jit` so that every trace (= every compile of a new input shape or static argument) adds one to
-`counts()[name]`. `compile_seconds()` is the wall time XLA spent compiling in this process (JAX's
-own compile-duration events, every program included: bmrl's and any other `jax.jit`).
+`counts()[name]`. `stats()` is what this process spent building programs, read from JAX's own
+events (every program included: bmrl's and any other `jax.jit`): programs XLA compiled, programs
+loaded from the persistent compile cache, and the seconds of tracing, lowering and compiling.
+`compile_seconds()` is its XLA part alone.
 """
 
 from __future__ import annotations
 
 import collections
+import dataclasses
 import functools
 import threading
 from collections.abc import Callable, Hashable
@@ -31,8 +34,13 @@ _LOCK = threading.Lock()
 _PROGRAMS: "collections.OrderedDict[_Key, Any]" = collections.OrderedDict()
 _COUNTS: collections.Counter[str] = collections.Counter()
 MAX_PROGRAMS = 64  # least recently used programs beyond this are dropped (their compiles are kept in counts)
-_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"  # XLA's compile; a persistent-cache hit skips it
-_COMPILE_SECONDS = [0.0]
+# JAX's events (jax/_src/dispatch.py, compiler.py). The backend event times every program's compile or cache
+# load; a cache hit also records the hit event.
+_DURATION_EVENTS = {"/jax/core/compile/jaxpr_trace_duration": "trace_s",
+                    "/jax/core/compile/jaxpr_to_mlir_module_duration": "lower_s",
+                    "/jax/core/compile/backend_compile_duration": "compile_s"}
+_BACKEND_EVENT = "/jax/core/compile/backend_compile_duration"
+_CACHE_HIT_EVENT = "/jax/compilation_cache/cache_hits"
 
 
 class _Key:
@@ -99,21 +107,54 @@ def counts() -> dict[str, int]:
         return dict(_COUNTS)
 
 
+@dataclasses.dataclass(frozen=True)
+class CompileStats:
+    """What a process spent turning Python functions into XLA executables. The difference of two readings
+    (`later - earlier`) is what the work between them cost."""
+
+    compiled: int = 0  # programs XLA compiled (not in the persistent cache, or the cache off)
+    loaded: int = 0  # programs loaded from the persistent compile cache
+    trace_s: float = 0.0  # Python tracing into jaxprs
+    lower_s: float = 0.0  # jaxprs lowered to StableHLO
+    compile_s: float = 0.0  # XLA compiles, and the cache loads (each a small fraction of its compile)
+
+    def __sub__(self, other: "CompileStats") -> "CompileStats":
+        return CompileStats(*(getattr(self, f.name) - getattr(other, f.name) for f in dataclasses.fields(self)))
+
+
+_STATS = {f.name: f.default for f in dataclasses.fields(CompileStats)}
+_BACKEND_CALLS = [0]  # compiles and cache loads together: compiled = calls - loaded
+
+
 def _on_duration(event: str, seconds: float, **_: Any) -> None:
-    if event == _COMPILE_EVENT:
+    field = _DURATION_EVENTS.get(event)
+    if field is not None:
         with _LOCK:
-            _COMPILE_SECONDS[0] += seconds
+            _STATS[field] += seconds
+            _BACKEND_CALLS[0] += event == _BACKEND_EVENT
+
+
+def _on_event(event: str, **_: Any) -> None:
+    if event == _CACHE_HIT_EVENT:
+        with _LOCK:
+            _STATS["loaded"] += 1
 
 
 jax.monitoring.register_event_duration_secs_listener(_on_duration)
+jax.monitoring.register_event_listener(_on_event)
+
+
+def stats() -> CompileStats:
+    """Programs compiled and loaded, and the seconds spent, in this process since bmrl was imported."""
+    with _LOCK:
+        return CompileStats(**{**_STATS, "compiled": _BACKEND_CALLS[0] - _STATS["loaded"]})
 
 
 def compile_seconds() -> float:
-    """Seconds XLA spent compiling programs in this process since bmrl was imported. A program loaded from
-    the persistent compile cache adds nothing: the difference between two readings is what a stretch of
-    work paid for new programs."""
-    with _LOCK:
-        return _COMPILE_SECONDS[0]
+    """Seconds XLA spent compiling (or loading from the persistent cache) in this process since bmrl was
+    imported: the difference between two readings is what a stretch of work paid for its programs, a
+    cached program only its load."""
+    return stats().compile_s
 
 
 def reset_counts() -> None:

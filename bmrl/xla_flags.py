@@ -21,10 +21,10 @@ from collections.abc import MutableMapping
 CPU_COLLECTIVE_TIMEOUT_S = 600
 TERMINATE_FLAG = "--xla_cpu_collective_call_terminate_timeout_seconds"
 WARN_FLAG = "--xla_cpu_collective_call_warn_stuck_timeout_seconds"
-KNOWN_JAXLIB = ((0, 10), (0, 11))  # minor versions whose XLA parses both flags
+KNOWN_JAXLIB = ((0, 10), (0, 11))  # minor versions whose XLA parses both flags (and the suite's `tests.xla` ones)
 
 
-def _jaxlib_minor() -> tuple[int, int] | None:
+def jaxlib_minor() -> tuple[int, int] | None:
     """(major, minor) of the installed jaxlib, read from its metadata (no import of jax)."""
     from importlib.metadata import PackageNotFoundError, version
 
@@ -59,7 +59,7 @@ def configure(environ: MutableMapping[str, str] | None = None) -> str:
     Call before JAX's first computation (`bmrl.cli.main` does); later, XLA has read its flags."""
     environ = os.environ if environ is None else environ
     flags = environ.get("XLA_FLAGS", "")
-    new = with_cpu_collective_timeout(flags, _jaxlib_minor())
+    new = with_cpu_collective_timeout(flags, jaxlib_minor())
     if new != flags:
         environ["XLA_FLAGS"] = new
     return new

@@ -39,12 +39,10 @@ def pytest_configure(config):
     if "BMRL_COMPILE_CACHE" not in os.environ:
         os.environ["BMRL_COMPILE_CACHE"] = path = tempfile.mkdtemp(prefix="bmrl_test_xla_")
         config.add_cleanup(lambda: shutil.rmtree(path, ignore_errors=True))
-    import jax
-
+    from bmrl import compiles  # noqa: F401  (its listeners hear every program from here on: the cost table)
     from bmrl.compile_cache import enable
 
     enable()
-    jax.monitoring.register_event_duration_secs_listener(_on_compile)
 
 
 def pytest_collection_modifyitems(config, items):
@@ -84,54 +82,59 @@ def _release_compiled_programs():
     gc.collect()
 
 
-# ---- The suite's cost: the slowest files with their compiles, printed at the end of every run ----
+# ---- The suite's cost: the slowest files with their programs, printed at the end of every run ----
 
 COST_ROWS = int(os.environ.get("BMRL_TEST_COST_ROWS", "10"))  # files in the table (0: every file)
-_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
-_compiled = [0, 0.0]  # this process: XLA compiles, seconds (a persistent-cache hit is not a compile)
-_reported = [0, 0.0]  # what the previous test report already carried
-
-
-def _on_compile(event: str, seconds: float, **_) -> None:
-    if event == _COMPILE_EVENT:
-        _compiled[0] += 1
-        _compiled[1] += seconds
+_reported = [None]  # `bmrl.compiles.stats()` when the previous test report was made
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
-    """Each test phase's report carries the compiles made since the previous report (in this process;
-    a test's subprocesses compile on their own and show only in its seconds). `user_properties`
-    travels from an xdist worker to the controller."""
+    """Each test phase's report carries what this process spent on programs since the previous report
+    (`bmrl.compiles.stats`: a test's subprocesses build theirs on their own and show only in its seconds).
+    `user_properties` travels from an xdist worker to the controller."""
+    from bmrl import compiles
+
     outcome = yield
     report = outcome.get_result()
-    count, seconds = _compiled[0] - _reported[0], _compiled[1] - _reported[1]
-    _reported[:] = _compiled
-    report.user_properties = [*report.user_properties, ("bmrl_compiles", (count, seconds))]
+    now = compiles.stats()
+    spent = now - (_reported[0] or compiles.CompileStats())
+    _reported[0] = now
+    report.user_properties = [*report.user_properties, ("bmrl_compiles", (
+        spent.compiled, spent.loaded, spent.compile_s, spent.trace_s + spent.lower_s))]
 
 
 class SuiteCost:
-    """Seconds, tests, XLA compiles and compile seconds per test file, summed over report phases."""
+    """Per test file, summed over report phases: seconds, tests, programs XLA compiled, programs loaded from
+    the persistent cache, XLA seconds (compiles and loads) and tracing + lowering seconds."""
+
+    COLUMNS = ("seconds", "tests", "compiled", "loaded", "xla s", "trace s")
 
     def __init__(self):
         self.files: dict[str, list[float]] = {}
 
     def add(self, report) -> None:
-        row = self.files.setdefault(report.nodeid.split("::")[0], [0.0, 0, 0, 0.0])
+        row = self.files.setdefault(report.nodeid.split("::")[0], [0.0, 0, 0, 0, 0.0, 0.0])
         row[0] += report.duration
         row[1] += report.when == "call"
         for name, value in report.user_properties:
             if name == "bmrl_compiles":
-                row[2] += value[0]
-                row[3] += value[1]
+                for i, v in enumerate(value):
+                    row[2 + i] += v
 
     def table(self, rows: int = COST_ROWS) -> list[str]:
         rows = rows or len(self.files)
-        total = [sum(r[i] for r in self.files.values()) for i in range(4)]
-        lines = [f"{'seconds':>8} {'tests':>6} {'compiles':>9} {'compile s':>10}  file (slowest {rows} of {len(self.files)})"]
-        for name, (secs, tests, n, cs) in sorted(self.files.items(), key=lambda kv: -kv[1][0])[:rows]:
-            lines.append(f"{secs:8.1f} {tests:6d} {n:9d} {cs:10.1f}  {name}")
-        lines.append(f"{total[0]:8.1f} {total[1]:6d} {total[2]:9d} {total[3]:10.1f}  all files (worker seconds)")
+        total = [sum(r[i] for r in self.files.values()) for i in range(len(self.COLUMNS))]
+
+        def line(values, name):
+            return (f"{values[0]:8.1f} {values[1]:6d} {values[2]:9d} {values[3]:7d} {values[4]:8.1f} "
+                    f"{values[5]:8.1f}  {name}")
+
+        lines = [f"{'seconds':>8} {'tests':>6} {'compiled':>9} {'loaded':>7} {'xla s':>8} {'trace s':>8}  "
+                 f"file (slowest {rows} of {len(self.files)})"]
+        for name, values in sorted(self.files.items(), key=lambda kv: -kv[1][0])[:rows]:
+            lines.append(line(values, name))
+        lines.append(line(total, "all files (worker seconds)"))
         return lines
 
 
@@ -145,6 +148,6 @@ def pytest_runtest_logreport(report):
 def pytest_terminal_summary(terminalreporter):
     """The cost table, so a test that adds programs shows up in the next run's summary."""
     if _COST.files and not hasattr(terminalreporter.config, "workerinput"):
-        terminalreporter.section("suite cost (in-process XLA compiles; subprocesses count in seconds only)")
+        terminalreporter.section("suite cost (in-process programs; subprocesses count in seconds only)")
         for line in _COST.table():
             terminalreporter.write_line(line)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 
-from bmrl.xla_flags import CPU_COLLECTIVE_TIMEOUT_S, KNOWN_JAXLIB, TERMINATE_FLAG, _jaxlib_minor
+from bmrl.xla_flags import CPU_COLLECTIVE_TIMEOUT_S, KNOWN_JAXLIB, TERMINATE_FLAG, jaxlib_minor
 
 FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
 
@@ -21,7 +21,7 @@ def fast_compile() -> str:
     """`FAST_COMPILE`, or "" when turned off or the installed jaxlib was not checked to know the flags."""
     if os.environ.get("BMRL_TEST_FAST_COMPILE", "1").lower() in ("0", "false", "no", "off"):
         return ""
-    return FAST_COMPILE if _jaxlib_minor() in KNOWN_JAXLIB else ""
+    return FAST_COMPILE if jaxlib_minor() in KNOWN_JAXLIB else ""
 
 
 def cpu_devices(n: int) -> str:

@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 from flax import nnx
 from safetensors import safe_open
-from safetensors.numpy import load_file, save_file
 
 from bmrl.model import (
     FAMILIES,
@@ -21,6 +20,7 @@ from bmrl.model import (
     train_tiny_tokenizer,
 )
 from bmrl.model.hf import config_from_hf, load_config
+from tests.model.hf_edit import edit_config, edit_tensors
 
 TEXTS = ["move up", "move down", "push the box left", "You see a wall.", "<|end|> ok"] * 4
 
@@ -58,18 +58,6 @@ def copy(saved, tmp_path):
     dst = tmp_path / "ckpt"
     shutil.copytree(saved[1], dst)
     return dst
-
-
-def _edit_config(path, **changes):
-    cfg = json.loads((path / "config.json").read_text())
-    cfg.update(changes)
-    (path / "config.json").write_text(json.dumps(cfg))
-
-
-def _edit_tensors(path, edit):
-    tensors = load_file(str(path / "model.safetensors"))
-    edit(tensors)
-    save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
 
 
 # ---------------------------------------------------------------- round trips
@@ -138,7 +126,7 @@ def test_missing_directory_and_missing_config(tmp_path):
 
 
 def test_unsupported_model_type_names_the_supported_ones(copy):
-    _edit_config(copy, model_type="gpt2")
+    edit_config(copy, model_type="gpt2")
     with pytest.raises(CheckpointError, match=rf"'gpt2' is not supported; supported: {', '.join(sorted(FAMILIES))}"):
         from_pretrained(copy)
 
@@ -157,7 +145,7 @@ def test_unsupported_model_type_names_the_supported_ones(copy):
     ],
 )
 def test_inconsistent_or_unsupported_config_json(copy, changes, message):
-    _edit_config(copy, **changes)
+    edit_config(copy, **changes)
     with pytest.raises(CheckpointError, match=message):
         from_pretrained(copy)
 
@@ -170,7 +158,7 @@ def test_missing_unexpected_and_misshaped_tensors_are_listed(copy, tokenizer):
         t["model.layers.0.self_attn.q_norm.weight"] = np.ones(16, np.float32)
         t["model.embed_tokens.weight"] = np.zeros((vocab + 1, 32), np.float32)
 
-    _edit_tensors(copy, edit)
+    edit_tensors(copy, edit)
     with pytest.raises(CheckpointError) as err:
         from_pretrained(copy)
     message = str(err.value)
@@ -180,7 +168,7 @@ def test_missing_unexpected_and_misshaped_tensors_are_listed(copy, tokenizer):
 
 
 def test_config_mismatch_with_tensors(copy):
-    _edit_config(copy, num_hidden_layers=3)
+    edit_config(copy, num_hidden_layers=3)
     with pytest.raises(CheckpointError, match=r"missing tensors: model\.layers\.2\.self_attn\.q_proj\.weight"):
         from_pretrained(copy)
 

@@ -1,7 +1,7 @@
 """Bad Hugging Face model directories: every one is refused with the error type and the file it is about.
 
 Each case breaks a copy of one tiny saved model (config, weights, index, symlinks, pickles, NaN) and
-names the text the error must contain (the file, or the tensor). `python tests/model/test_hf_dirs.py`
+names the text the error must contain (the file, or the tensor). `python -m tests.model.test_hf_dirs`
 prints how many cases get a clear error with the installed `bmrl` (the issue-16 before/after count).
 """
 
@@ -16,6 +16,7 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 from bmrl.model import CheckpointError, ConfigError, ModelConfig, from_pretrained, init_model, save_pretrained
+from tests.model.hf_edit import edit_config, edit_tensors
 
 WEIGHTS = "model.safetensors"
 INDEX = "model.safetensors.index.json"
@@ -27,18 +28,6 @@ def case(build):
     """Register `build(d) -> expected text`: it breaks the model directory `d` (its parent is free space)."""
     CASES[build.__name__] = build
     return build
-
-
-def _edit_config(d, **changes):
-    cfg = json.loads((d / "config.json").read_text())
-    cfg.update(changes)
-    (d / "config.json").write_text(json.dumps(cfg))
-
-
-def _edit_tensors(d, edit):
-    tensors = load_file(str(d / WEIGHTS))
-    edit(tensors)
-    save_file(tensors, str(d / WEIGHTS), metadata={"format": "pt"})
 
 
 def _shard(d, index_entry):
@@ -88,7 +77,7 @@ def config_binary(d):
 
 @case
 def config_unsupported_model_type(d):
-    _edit_config(d, model_type="gpt2")
+    edit_config(d, model_type="gpt2")
     return "config.json"
 
 
@@ -102,19 +91,19 @@ def config_without_model_type(d):
 
 @case
 def config_heads_not_divisible(d):
-    _edit_config(d, num_key_value_heads=3)
+    edit_config(d, num_key_value_heads=3)
     return "config.json"
 
 
 @case
 def config_unsupported_activation(d):
-    _edit_config(d, hidden_act="gelu")
+    edit_config(d, hidden_act="gelu")
     return "config.json"
 
 
 @case
 def config_field_of_wrong_type(d):
-    _edit_config(d, hidden_size="big")
+    edit_config(d, hidden_size="big")
     return "config.json"
 
 
@@ -195,19 +184,19 @@ def weights_symlink_loop(d):
 
 @case
 def tensor_missing(d):
-    _edit_tensors(d, lambda t: t.pop("model.norm.weight"))
+    edit_tensors(d, lambda t: t.pop("model.norm.weight"))
     return "model.norm.weight"
 
 
 @case
 def tensor_misshaped(d):
-    _edit_tensors(d, lambda t: t.update({"model.norm.weight": np.ones(3, np.float32)}))
+    edit_tensors(d, lambda t: t.update({"model.norm.weight": np.ones(3, np.float32)}))
     return "model.norm.weight"
 
 
 @case
 def config_disagrees_with_tensors(d):
-    _edit_config(d, num_hidden_layers=2)
+    edit_config(d, num_hidden_layers=2)
     return "model.layers.1."
 
 
@@ -217,7 +206,7 @@ def tensor_nan(d):
         t[EMBED] = t[EMBED].copy()
         t[EMBED][3, 1] = np.nan
 
-    _edit_tensors(d, edit)
+    edit_tensors(d, edit)
     return EMBED
 
 
@@ -227,13 +216,13 @@ def tensor_inf(d):
         t["lm_head.weight"] = t["lm_head.weight"].copy()
         t["lm_head.weight"][0, 0] = -np.inf
 
-    _edit_tensors(d, edit)
+    edit_tensors(d, edit)
     return "lm_head.weight"
 
 
 @case
 def tensor_integer_dtype(d):
-    _edit_tensors(d, lambda t: t.update({"model.norm.weight": t["model.norm.weight"].astype(np.int32)}))
+    edit_tensors(d, lambda t: t.update({"model.norm.weight": t["model.norm.weight"].astype(np.int32)}))
     return "model.norm.weight"
 
 
@@ -310,8 +299,8 @@ def tokenizer_json_garbage(d):
 @case
 def tokenizer_larger_than_vocabulary(d):
     vocab = json.loads((d / "config.json").read_text())["vocab_size"] - 10
-    _edit_config(d, vocab_size=vocab)
-    _edit_tensors(d, lambda t: t.update({n: t[n][:vocab] for n in (EMBED, "lm_head.weight")}))
+    edit_config(d, vocab_size=vocab)
+    edit_tensors(d, lambda t: t.update({n: t[n][:vocab] for n in (EMBED, "lm_head.weight")}))
     return "tokenizer.json"
 
 
