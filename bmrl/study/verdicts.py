@@ -33,11 +33,13 @@ RULES = {
            "interval is above 0 and dClean's interval is not above 0 (clean decisions did not improve "
            "significantly); opposite if D's interval is below 0, or dClean's interval is above 0 and D's "
            "interval is not above 0 (the gain is in clean decisions); else inconclusive."),
-    "F3": ("For each fixed budget, BudgetMix minus it on min over T of Pass@(1,T), min over T of Pass@(4,T) "
-           "and the area under the Pass@(K,T) surface. as_study if against every fixed budget at least one "
-           "measure's interval is above 0 and none is below 0; opposite if against some fixed budget at least "
-           "one is below 0 and none is above 0; else inconclusive."),
+    "F3": ("For each fixed budget, BudgetMix minus it on the worst case over the test budgets, min over T of "
+           "Pass@(1,T) (robust across T: no test budget at which it falls behind). as_study if that interval is "
+           "above 0 against every fixed budget; opposite if it is below 0 against some fixed budget; else "
+           "inconclusive. Min over T of Pass@(4,T) and the area under the Pass@(K,T) surface are reported beside "
+           "it and do not vote."),
 }
+F3_DECIDES = "min_pass1"  # the one F3 measure that votes (RULES["F3"])
 DEAD_RUN_RULE = ("A verdict holds without the dead runs (RL runs flagged by bmrl.learn.health.RULE, and every RL run "
                  "of a seed whose SFT base RL cannot learn from, by UNTRAINABLE_BASE_RULE) when the same "
                  "finding, measured again on the seeds in which none of the RL runs it reads is dead (F1, F2: the "
@@ -139,20 +141,25 @@ def f2_verdict(delta_recovery: Any, delta_clean: Any, difference: Any) -> Verdic
 
 
 def f3_verdict(mix_minus: Mapping[str, Mapping[str, Any]]) -> Verdict:
-    """F3 from {fixed budget: {measure: interval of BudgetMix minus it}} (RULES["F3"])."""
+    """F3 from {fixed budget: {measure: interval of BudgetMix minus it}} (RULES["F3"]: `F3_DECIDES` votes, the
+    other measures are reported)."""
     if not mix_minus:
         raise ValueError("F3 needs at least one fixed budget to compare BudgetMix with.")
+    missing = [b for b, ms in mix_minus.items() if F3_DECIDES not in ms]
+    if missing:
+        raise ValueError(f"F3 decides on {F3_DECIDES} (min over T of Pass@(1,T)), missing against {missing}: "
+                         "the evaluation grid needs K=1 (eval.ks).")
     ivs = {b: {m: Interval.of(e) for m, e in ms.items()} for b, ms in mix_minus.items()}
     recs = {f"{b}/{m}": e for b, ms in ivs.items() for m, e in ms.items()}
     if (v := _too_few("F3", recs)) is not None:
         return v
-    up = {b: any(e.above_zero for e in ms.values()) for b, ms in ivs.items()}
-    down = {b: any(e.below_zero for e in ms.values()) for b, ms in ivs.items()}
-    if all(up[b] and not down[b] for b in ivs):
+    deciding = {b: ms[F3_DECIDES] for b, ms in ivs.items()}
+    if all(e.above_zero for e in deciding.values()):
         verdict = "as_study"
-    elif any(down[b] and not up[b] for b in ivs):
+    elif any(e.below_zero for e in deciding.values()):
         verdict = "opposite"
     else:
         verdict = "inconclusive"
-    parts = [f"against {b}: " + ", ".join(f"{m} {e.format(signed=True)}" for m, e in ms.items()) for b, ms in ivs.items()]
+    parts = [f"against {b}: " + ", ".join(f"{m} {e.format(signed=True)}" + (" (decides)" if m == F3_DECIDES else "")
+                                          for m, e in ms.items()) for b, ms in ivs.items()]
     return _verdict("F3", verdict, "BudgetMix minus each fixed budget, " + "; ".join(parts), recs)
