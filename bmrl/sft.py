@@ -16,7 +16,8 @@ oracle played from the host on its `info["next_oracle_action"]` (`bmrl.learn.hos
 demonstration is at most `rollout.max_len` tokens (later observations are known only as the env runs).
 The run directory follows the rule of `bmrl.rundir` (refused when not writable or made with other
 settings; a finished one is returned untouched); a killed run resumes from its newest checkpoint
-(`<out_dir>/checkpoints`, saved at the log steps) with bitwise the same result.
+(`<out_dir>/checkpoints`, saved at the log steps) with bitwise the same result; with LoRA only onto the
+base its adapters were trained on (else `CheckpointMismatch`).
 """
 
 from __future__ import annotations
@@ -30,20 +31,19 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 
 from bmrl.assembly import Run, base_dir, build_run, build_tokenizer, fitting_cap, load_policy, new_policy, with_lora
+from bmrl.assembly.learner import Learner
 from bmrl.checkpoint import Checkpointer
 from bmrl.config import Config, to_dict
 from bmrl.eval.run import evaluate_config
 from bmrl.learn.demos import longest_reply
 from bmrl.learn.optim import optimizer_from_config
 from bmrl.learn.sft import demo_stats, make_sft_step
-from bmrl.learn.step import DROPOUT_STREAM
+from bmrl.learn.step import DROPOUT_STREAM, init_opt_state
 from bmrl.metrics import MetricsLogger
 from bmrl.model.decoder import num_params
 from bmrl.model.peft import export_policy
-from bmrl.model.lora import has_lora, split_lora
 from bmrl.rundir import RunDir
 
 
@@ -107,29 +107,28 @@ def _demo_source(cfg: Config, run: Run, train: Any, key: jax.Array, demo_len: in
     return demos_at
 
 
-def _fit(cfg: Config, run: Run, params, demos_at: Callable, out_dir: str, log: Callable,
+def _fit(cfg: Config, run: Run, policy, demos_at: Callable, out_dir: str, log: Callable,
          on_step: Callable[[int, int], Any] | None = None) -> tuple[Any, list, dict]:
     """`sft.steps` optimizer steps on fresh demonstrations; metrics to sft_metrics.jsonl at log steps, where
     `on_step(steps done, steps)` hears the progress too, and a checkpoint is saved once `sft.checkpoint_minutes`
     passed since the last (the training loop's `Checkpointer`, keeping `checkpoint.keep`; a save costs
     seconds, a step far less): a killed run resumes from the newest one, bitwise as if uninterrupted
-    (step s's demonstrations are a function of the seed and s). Returns (params, losses, the last logged row)."""
+    (step s's demonstrations are a function of the seed and s). With LoRA the adapters train on the frozen base,
+    whose identity the checkpoints record: a resume onto another base raises `CheckpointMismatch`
+    (`bmrl.assembly.learner`). Returns (the trained policy, losses, the last logged row)."""
     s = cfg.sft
     tx = optimizer_from_config(s.optim, s.steps)
-    if has_lora(params):  # LoRA: the adapters train, the base is a frozen input of the step
-        graphdef, params, base = split_lora(params)
-    else:
-        (graphdef, params), base = nnx.split(params), None
-    opt_state = jax.tree.map(jnp.copy, tx.init(params))  # distinct buffers: the step donates them
+    learner, params = Learner.of(policy, cfg)  # LoRA: the adapters train, the base is a frozen input of the step
+    opt_state = init_opt_state(tx, params)  # distinct buffers: the step donates them
     max_targets = s.demo_turns * (longest_reply(run.env, run.fmt, cfg.rollout.max_reply_tokens) + 1)  # reply + stop
-    step_fn = make_sft_step(graphdef, tx, max_targets)
+    step_fn = make_sft_step(learner.graphdef, tx, max_targets)
     dropout_key = jax.random.fold_in(jax.random.key(cfg.seed), DROPOUT_STREAM)  # LoRA dropout draws: (seed, step)
     t_train, log_every = time.time(), max(1, s.steps // 10)
     saved_at = t_train
     pending: list[tuple[int, dict]] = []  # device metrics, fetched at log steps (keeps dispatch async)
     ckpt = Checkpointer(os.path.join(out_dir, "checkpoints"), keep=cfg.checkpoint.keep)
     start, losses, last, records = 0, [], {}, None  # losses: every step's; last: the last logged row
-    restored = ckpt.restore_latest({"params": params, "opt_state": opt_state})
+    restored = learner.restore(ckpt, {"params": params, "opt_state": opt_state})  # LoRA: refused on another base
     if restored is not None:
         (params, opt_state), meta = (restored[0]["params"], restored[0]["opt_state"]), restored[1]
         start, losses, last, records = int(meta["step"]), meta["losses"], meta["last"], meta["metrics_records"]
@@ -138,8 +137,8 @@ def _fit(cfg: Config, run: Run, params, demos_at: Callable, out_dir: str, log: C
     try:
         for step in range(start, s.steps):
             d = demos_at(step)
-            drop = None if base is None or not cfg.model.lora.dropout else jax.random.fold_in(dropout_key, step)
-            params, opt_state, m = step_fn(params, opt_state, d.tokens, d.length, d.loss_mask, base, drop)
+            drop = jax.random.fold_in(dropout_key, step) if learner.dropout else None
+            params, opt_state, m = step_fn(params, opt_state, d.tokens, d.length, d.loss_mask, learner.base, drop)
             pending.append((step, m))
             if step % log_every == 0 or step == s.steps - 1:
                 elapsed = round(time.time() - t_train, 3)
@@ -154,7 +153,8 @@ def _fit(cfg: Config, run: Run, params, demos_at: Callable, out_dir: str, log: C
                 if time.time() - saved_at >= 60 * s.checkpoint_minutes:
                     saved_at = time.time()
                     ckpt.save(step + 1, {"params": params, "opt_state": opt_state},
-                              {"config": to_dict(cfg), "losses": losses, "last": last, "metrics_records": logger.count})
+                              {"config": to_dict(cfg), "losses": losses, "last": last, "metrics_records": logger.count}
+                              | learner.checkpoint_meta())
                     ckpt.commit()  # written before the next step donates the buffers
                 if on_step is not None:
                     on_step(step + 1, s.steps)
@@ -163,7 +163,7 @@ def _fit(cfg: Config, run: Run, params, demos_at: Callable, out_dir: str, log: C
         logger.close()
         ckpt.close()
     jax.block_until_ready(params)
-    return nnx.merge(graphdef, params, *([] if base is None else [base])), losses, last
+    return learner.merged(params), losses, last
 
 
 def run_sft(cfg: Config, *, log: Callable[[str], Any] = print, return_model: bool = False, run=None,

@@ -51,7 +51,8 @@ from bmrl import compiles as compiles_lib
 from bmrl import config as config_lib
 from bmrl import memory as memory_lib
 from bmrl.assembly import Run, base_dir, build_run, init_policy
-from bmrl.checkpoint import CheckpointMismatch, Checkpointer, key_data
+from bmrl.assembly.learner import Learner
+from bmrl.checkpoint import Checkpointer, key_data
 from bmrl.distributed import TRANSFERS, main_writes, process_info, to_host, warm_collectives
 from bmrl.eval.run import evaluate_config
 from bmrl.learn import optimizer_from_config
@@ -60,7 +61,6 @@ from bmrl.learn.health import RunHealth
 from bmrl.learn import step as step_lib
 from bmrl.metrics import MetricsLogger, Progress, read_jsonl, to_scalar, write_jsonl_atomic
 from bmrl.model.peft import export_policy
-from bmrl.model.lora import content_hash, has_lora, split_lora
 from bmrl.parallel import make_mesh, param_shardings, shard_batch, state_shardings
 from bmrl.rundir import RunDir
 
@@ -208,14 +208,11 @@ class Trainer:
         """Optimizer, memory plan, placed learner, programs and evaluators; the state resumed from the
         newest complete checkpoint, if any (else a fresh one)."""
         cfg, t = self.cfg, self.t
-        self.lora = has_lora(policy)
-        if self.lora:  # train the adapters; the base is frozen, placed once, and the KL reference
-            self.graphdef, params, base = split_lora(policy)
-            self.base = jax.device_put(base, param_shardings(base, self.mesh))
-            self.base_identity = {"path": base_dir(cfg), "sha256": content_hash(base)}
-        else:
-            self.graphdef, params = nnx.split(policy)
-            self.base = None
+        learner, params = Learner.of(policy, cfg)
+        if learner.lora:  # train the adapters; the base is frozen, placed once, and the KL reference
+            base = jax.device_put(learner.base, param_shardings(learner.base, self.mesh))
+            learner = dataclasses.replace(learner, base=base)
+        self.learner = learner
         optimizer = optimizer_from_config(t.optim, t.steps * t.epochs * t.minibatches, master_f32=t.f32_master)
         plan = memory_lib.plan_for_config(cfg, policy.config, self.mesh, optimizer)
         if jax.process_index() == 0:
@@ -224,20 +221,19 @@ class Trainer:
                 print(f"bmrl train: format: {note}", flush=True)
         plan.check()  # MemoryPlanError (a ConfigError, exit 2) before anything big is allocated
         params, opt_state, self.shardings = place_learner(optimizer, params, self.mesh)
-        self.ref_params = self.base if self.lora else jax.tree.map(jnp.copy, params) if t.kl_coef > 0 else None
+        self.ref_params = learner.base if learner.lora else jax.tree.map(jnp.copy, params) if t.kl_coef > 0 else None
         state = TrainState(params, opt_state, jax.random.key(cfg.seed))
         self.ckpt = Checkpointer(os.path.join(self.out, "checkpoints"), keep=cfg.checkpoint.keep,
                                  every=cfg.checkpoint.every)
         state = self._resume(state)
         rcfg = self.run.rollout
-        self.play = self.player.playing(self.graphdef, rcfg, self.mesh)
-        self.update = step_lib.make_update(self.graphdef, optimizer, t, rcfg.sampling.temperature,
-                                           shardings=self.shardings, frozen=self.lora,
-                                           dropout=cfg.model.lora.dropout)
+        self.play = self.player.playing(learner.graphdef, rcfg, self.mesh)
+        self.update = step_lib.make_update(learner.graphdef, optimizer, t, rcfg.sampling.temperature,
+                                           shardings=self.shardings, frozen=learner.lora, dropout=learner.dropout)
         budget, batch = self.run.budget, self.batch
         self.sample_caps = compiles_lib.counted_jit(
             lambda key: budget.sample(key, batch, t.group_size, cfg.budget.share_in_group), name="budget_sample")
-        self.evaluators = {s: make_evaluator(self.graphdef, self.run, cfg, self.player.take(tasks, np.arange(
+        self.evaluators = {s: make_evaluator(learner.graphdef, self.run, cfg, self.player.take(tasks, np.arange(
             min(cfg.eval.num_tasks, self.player.count(tasks)))), self.mesh) for s, tasks in self.held_out.items()}
         self.counted_before = compiles_lib.counts()
         self.logger = MetricsLogger(self.out, start_step=state.step, keep_records=state.record.metrics_records)
@@ -250,24 +246,14 @@ class Trainer:
         return state
 
     def _resume(self, state: TrainState) -> TrainState:
-        restored = self.ckpt.restore_latest(state.arrays())
+        restored = self.learner.restore(self.ckpt, state.arrays())  # LoRA: refused on another base
         if restored is None:
             return state
         arrays, meta = restored
-        if self.lora and meta.get("base") != self.base_identity:
-            raise CheckpointMismatch(
-                f"the checkpoints in {self.ckpt.directory} hold LoRA adapters trained on another base "
-                f"({meta.get('base')}) than this run loads ({self.base_identity}): adapters only fit the base they "
-                "were trained on. Point model.path at that base, or use a new out_dir."
-            )
         params, opt_state = jax.device_put((arrays["params"], arrays["opt_state"]), self.shardings)  # this mesh
         print(f"bmrl train: resumed from {self.ckpt.directory} at step {int(meta['step'])}", flush=True)
         return TrainState(params, opt_state, jax.random.wrap_key_data(jnp.asarray(arrays["key"])), int(meta["step"]),
                           int(meta["data_position"]), RunRecord.from_meta(meta))
-
-    def policy_params(self, params: Any) -> Any:
-        """The whole policy's state: `params`, with LoRA the adapters joined to the frozen base (no copy)."""
-        return nnx.merge_state(params, self.base) if self.lora else params
 
     def compile_counts(self) -> dict[str, int]:
         """Compiles of this run per program (bmrl.compiles), since the run started."""
@@ -285,7 +271,7 @@ class Trainer:
                        drawn, cfg.seed)
         rows = self.player.take(self.train_tasks, np.repeat(idx, t.group_size))
         caps = shard_batch(self.sample_caps(jax.random.fold_in(key, 0)), self.mesh)  # as eval caps: one compile
-        traj, faults = self.play(self.policy_params(state.params), rows, caps, jax.random.fold_in(key, 1))
+        traj, faults = self.play(self.learner.policy_params(state.params), rows, caps, jax.random.fold_in(key, 1))
         _log_faults(self.out, state.step + 1, faults, rows)
         stats = _rollout_stats(traj) | ({"faults": len(faults)} if faults is not None else {})
         if self.select is not None:  # dynamic sampling: tasks_per_step of the groups, those with signal first
@@ -333,7 +319,7 @@ class Trainer:
             self.ckpt.save(done, state.arrays(), {"data_position": state.data_position,
                                                   "config": config_lib.to_dict(self.cfg),
                                                   "run": state.record.to_meta(self.logger.count)}
-                           | ({"base": self.base_identity} if self.lora else {}))
+                           | self.learner.checkpoint_meta())
             self.ckpt.commit()  # a failed write stops the run here (CheckpointWriteError), not a save later
 
     def evaluate(self, state: TrainState) -> None:
@@ -341,7 +327,7 @@ class Trainer:
         step = state.step
         split = "test" if step in (0, self.t.steps) else self.run.player.eval_split()
         moved0 = TRANSFERS["seconds"]
-        res = self.evaluators[split](self.policy_params(state.params), jax.random.fold_in(jax.random.fold_in(state.key, EVAL_STREAM), step))
+        res = self.evaluators[split](self.learner.policy_params(state.params), jax.random.fold_in(jax.random.fold_in(state.key, EVAL_STREAM), step))
         state.record.eval_log[step] = res
         self.eval_transfer_s += TRANSFERS["seconds"] - moved0
         prefix = "eval" if split == "test" else "val"
@@ -358,8 +344,7 @@ class Trainer:
     def finish(self, state: TrainState, tokenizer, wall0: float) -> dict:
         """Save the policy (a Hugging Face directory; with LoRA also the PEFT adapter) and return the summary."""
         t, rec = self.t, state.record
-        written = export_policy(nnx.merge(self.graphdef, self.policy_params(state.params)), tokenizer, self.out,
-                                base_dir(self.cfg))
+        written = export_policy(self.learner.merged(state.params), tokenizer, self.out, base_dir(self.cfg))
         policy_dir = written["policy"]
         log = rec.eval_log
         final_eval = (log.get(t.steps) or log[max(log)]) if log else {}

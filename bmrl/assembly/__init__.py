@@ -9,8 +9,9 @@ Split by concern: `players` (the one branch on the env kind: `player_class`), `j
 `host_player` (everything that differs between a built-in JAX env and a Python env), `python_env` (a
 Python env's entry, task file and host settings), `tasks` (a JAX env's level splits), `checks` (the
 runtime checks each player runs), `settings` (rollout configs, mesh, format errors), `policy`
-(tokenizer, tiny decoder, saved policies) and `run` (the `Run` bundle). Every problem a user can fix in
-the config is a `ConfigError` naming the key (exit status 2 in the CLI).
+(tokenizer, tiny decoder, saved policies), `learner` (what trains and what stays frozen, RL and SFT
+alike) and `run` (the `Run` bundle). Every problem a user can fix in the config is a `ConfigError`
+naming the key (exit status 2 in the CLI).
 """
 
 from __future__ import annotations

@@ -167,6 +167,7 @@ def test_lora_run_base_frozen_small_checkpoints_resume_bitwise_and_base_checked(
     from safetensors.numpy import load_file
 
     from bmrl import train as train_lib
+    from bmrl.assembly import learner as learner_lib
     from bmrl.checkpoint import CheckpointMismatch
     from tests.test_train import tiny_cfg
 
@@ -183,7 +184,7 @@ def test_lora_run_base_frozen_small_checkpoints_resume_bitwise_and_base_checked(
     with pytest.raises(_Killed):
         train_lib.train(cfg, progress=False, on_step=kill, evaluate=False)
     with monkeypatch.context() as m:  # the base changed under the run: refused, naming model.path
-        m.setattr(train_lib, "content_hash", lambda state: "another base")
+        m.setattr(learner_lib, "content_hash", lambda state: "another base")
         with pytest.raises(CheckpointMismatch, match="another base.*model.path"):
             train_lib.train(cfg, progress=False, evaluate=False)
     out = train_lib.train(cfg, progress=False, evaluate=False)
