@@ -30,7 +30,7 @@ zeroed), no copy.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
@@ -46,6 +46,9 @@ from bmrl.learn.optim import SkipNonFiniteState, all_finite, skip_counts
 from bmrl.model.lora import lora_dropout
 from bmrl.parallel import constrain_batch, replicated
 from bmrl.rollout import Trajectory
+
+if TYPE_CHECKING:
+    from bmrl.config.schema import TrainCfg
 
 # Above this vocabulary size the log-probs are computed from hidden states a chunk of positions at
 # a time, so the full [rows, L, V] logits never exist at once.
@@ -85,11 +88,10 @@ def policy_token_logprobs(
     return token_logprobs_and_entropy(logits / t, tokens)
 
 
-def compute_advantages(traj: Trajectory, cfg: Any) -> jax.Array:
+def compute_advantages(traj: Trajectory, cfg: TrainCfg) -> jax.Array:
     """Token advantages [B, L]: the outcome estimator `cfg.advantage` over groups of `cfg.group_size`
     contiguous rows, plus `cfg.process_coef` x progress-delta process advantages (discount `cfg.gamma`)."""
-    options = dict(getattr(cfg, "advantage_options", None) or {})  # train.advantage_options
-    seq_adv = get_advantage(cfg.advantage)(traj.outcome_reward, cfg.group_size, **options)
+    seq_adv = get_advantage(cfg.advantage)(traj.outcome_reward, cfg.group_size, **cfg.advantage_options)
     adv = token_advantages(seq_adv, traj.loss_mask)
     if cfg.process_coef:
         proc = process_advantages(
@@ -99,7 +101,7 @@ def compute_advantages(traj: Trajectory, cfg: Any) -> jax.Array:
     return adv
 
 
-def make_update(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformationExtraArgs, cfg: Any,
+def make_update(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformationExtraArgs, cfg: TrainCfg,
                 temperature: float, *, donate: bool = True, shardings: tuple[Any, Any] | None = None,
                 frozen: bool = False, dropout: float = 0.0):
     """Build the jitted `update(params, opt_state, ref_params, traj, key) -> (params, opt_state, metrics)`.
@@ -118,9 +120,8 @@ def make_update(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformationE
     """
     loss_fn = get_loss(cfg.loss)
     loss_opts = dict(kl_coef=cfg.kl_coef, entropy_coef=cfg.entropy_coef, aggregation=cfg.aggregation,
-                     clip_eps=cfg.clip_eps, **dict(getattr(cfg, "loss_options", None) or {}))  # a loss takes what it uses
-    epochs, minibatches = int(cfg.epochs), int(cfg.minibatches)
-    micro, remat = int(getattr(cfg, "microbatches", 1) or 1), bool(getattr(cfg, "remat", False))
+                     clip_eps=cfg.clip_eps, **cfg.loss_options)  # a loss takes what it uses
+    epochs, minibatches, micro, remat = int(cfg.epochs), int(cfg.minibatches), int(cfg.microbatches), bool(cfg.remat)
     mesh = None if shardings is None else jax.tree.leaves(shardings[0])[0].mesh
 
     def update(params, opt_state, ref_params, traj: Trajectory, key):
