@@ -11,10 +11,11 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 # JAX's rolled threefry lowering on CPU (`bmrl.sampling`): the same bits, compiled 2-3x faster; the suite is
 # compile-bound. Set before bmrl is imported, and inherited by every subprocess and notebook kernel.
 os.environ.setdefault("BMRL_ROLLED_THREEFRY", "1")
-# Cheap compiles for the whole suite and every subprocess it starts (`tests.xla`), set before JAX starts.
-_FAST = _xla.fast_compile()
-if _FAST and _FAST not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_FAST}".strip()
+# Cheap compiles, and one set of flags (one compile-cache key per program) for the whole suite and every
+# subprocess it starts (`tests.xla`), set before JAX starts.
+_FLAGS = _xla.suite_flags()
+if _FLAGS and _FLAGS not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_FLAGS}".strip()
 
 
 # The slowest files first (measured on 2 cores). Note: pytest-xdist (>= 3.5) hands files out by
@@ -45,11 +46,17 @@ def pytest_configure(config):
     enable()
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(config, items):
-    """Run the slowest files first (stable: tests keep their order within a file)."""
+    """Run the slowest files first (stable: tests keep their order within a file), and give every test the
+    pytest-xdist group of its file unless it names one: `--dist loadgroup` then hands out whole files, as
+    `loadfile` would, and files that share a session fixture (tests/e2e/conftest.py) share a worker."""
     rank = {name: i for i, name in enumerate(SLOW_FIRST)}
     tests = os.path.dirname(os.path.abspath(__file__))
     items.sort(key=lambda item: rank.get(os.path.relpath(item.path, tests), len(SLOW_FIRST)))
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(os.path.relpath(item.path, tests)))
 
 
 def pytest_xdist_auto_num_workers(config):

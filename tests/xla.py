@@ -6,13 +6,17 @@ of its fusion emitters (test_generate.py: 16.1 s -> 5.0 s of XLA compile). Both 
 programs compute the same operations in the same order. They are used only with the jaxlib versions checked
 to parse them (XLA exits on an unknown flag; both are in jaxlib 0.10.2's and 0.11.2's libjax_common.so);
 `BMRL_TEST_FAST_COMPILE=0` runs the suite with XLA's defaults.
+
+Every process of the suite (the xdist workers and the subprocesses its tests start) runs with the same flags,
+the simulated device count aside (`suite_flags`): JAX hashes XLA_FLAGS into each persistent-cache key, all but
+the device count, so with one set of flags a program compiled by any process is loaded by every other.
 """
 
 from __future__ import annotations
 
 import os
 
-from bmrl.xla_flags import CPU_COLLECTIVE_TIMEOUT_S, KNOWN_JAXLIB, TERMINATE_FLAG, jaxlib_minor
+from bmrl.xla_flags import CPU_COLLECTIVE_TIMEOUT_S, KNOWN_JAXLIB, TERMINATE_FLAG, WARN_FLAG, jaxlib_minor
 
 FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
 
@@ -24,11 +28,20 @@ def fast_compile() -> str:
     return FAST_COMPILE if jaxlib_minor() in KNOWN_JAXLIB else ""
 
 
+def suite_flags() -> str:
+    """XLA_FLAGS of every process the suite runs: `fast_compile()` and the CPU collective timeouts of
+    `bmrl.xla_flags` (what a process simulating devices gets; harmless with one device), or "" with a jaxlib
+    not checked to know them."""
+    if jaxlib_minor() not in KNOWN_JAXLIB:
+        return ""
+    return f"{fast_compile()} {TERMINATE_FLAG}={CPU_COLLECTIVE_TIMEOUT_S} {WARN_FLAG}={CPU_COLLECTIVE_TIMEOUT_S // 5}".strip()
+
+
 def cpu_devices(n: int) -> str:
-    """XLA_FLAGS of a subprocess that simulates `n` CPU devices, compiling like the suite. Its collectives wait
-    for every device thread; on a loaded 2-core machine (the suite's other worker busy) a thread can miss XLA's
+    """XLA_FLAGS of a subprocess that simulates `n` CPU devices: the suite's flags. Its collectives wait for
+    every device thread; on a loaded 2-core machine (the suite's other worker busy) a thread can miss XLA's
     default 40 s rendezvous deadline and the process aborts, so the deadline is raised."""
-    return f"--xla_force_host_platform_device_count={n} {TERMINATE_FLAG}={CPU_COLLECTIVE_TIMEOUT_S} {fast_compile()}".strip()
+    return f"--xla_force_host_platform_device_count={n} {suite_flags()}".strip()
 
 
 EIGHT_CPU_DEVICES = cpu_devices(8)

@@ -23,7 +23,7 @@ import time
 import numpy as np
 import pytest
 from tests.paths import ROOT
-from tests.xla import fast_compile
+from tests.xla import suite_flags
 
 V, B, L, TM, GROUP, STEPS = 32, 8, 16, 3, 4, 3
 MESH = dict(data=1, fsdp=2, tensor=2)  # 4 devices: fsdp spans the two processes, tensor is within one
@@ -175,7 +175,7 @@ def test_two_processes_train_like_one(tmp_path):
 
     port = free_port()  # the launcher's coordinator and per-process variables; the worker sets its 2 devices
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # the devices come from jax_num_cpu_devices
-    env.update(XLA_FLAGS=fast_compile(), JAX_PLATFORMS="cpu", BMRL_TEST_DEVICES="2", PYTHONPATH=ROOT + os.pathsep + env.get("PYTHONPATH", ""))
+    env.update(XLA_FLAGS=suite_flags(), JAX_PLATFORMS="cpu", BMRL_TEST_DEVICES="2", PYTHONPATH=ROOT + os.pathsep + env.get("PYTHONPATH", ""))
     procs, outs = [], []
     t0 = time.time()
     for pid in range(2):

@@ -1,14 +1,14 @@
 """Multi-host end to end: `bmrl launch --processes 2` runs the study like one process, resumes and reshards.
 
-The tiny study of tests/e2e/test_reproduce_report.py (SFT, three RL variants with checkpoints at every step,
-evaluation, report) runs twice, side by side, on mesh data 2 x fsdp 2 (4 CPU devices):
-- the reference: 1 process with 4 devices;
-- `bmrl launch --processes 2 --cpu-devices 2 -- reproduce ...`: 2 processes with 2 devices each, the
-  data axis across them. SFT and RL losses, evaluation results, the findings and each stage's summary
-  must equal the reference's within float tolerance, with one set of outputs written by process 0.
+The tiny study (`tests.e2e.study`: SFT, three RL variants with checkpoints at every step, evaluation,
+report) is the reference, run once per session in the test process on one device (shared with
+tests/e2e/test_reproduce_report.py). `bmrl launch --processes 2 --cpu-devices 2 -- reproduce ...` runs it
+as 2 processes with 2 devices each, on mesh data 2 x fsdp 2 (the data axis across the processes): SFT and
+RL losses, exported weights, evaluation results episode by episode, the findings and each stage's summary
+must equal the reference's within float tolerance, with one set of outputs written by process 0.
 `bmrl eval` of its BudgetMix policy runs on 2 processes and on 1 (the same results). One RL stage of the
-2-process study is then restarted from its step-1 checkpoint with 1 process instead
-of 2 (orbax reshards it onto the new process layout): it must end where the reference stage ends. A
+2-process study is then restarted from its step-1 checkpoint with 1 process x 4 devices or 2 processes
+again (orbax reshards it onto the new process layout): it must end where the reference stage ends. A
 2-process `bmrl train` with one process killed, and a Python env's rows split across processes, have
 tests of their own. The launcher's own contract (stop the others when one dies, its exit status) is
 checked on plain Python children, without JAX.
@@ -16,6 +16,8 @@ checked on plain Python children, without JAX.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import shutil
@@ -29,13 +31,15 @@ import pytest
 
 from tests.paths import ROOT
 from tests.xla import cpu_devices
-from tests.e2e.test_reproduce_report import TINY
+from tests.e2e.study import CONFIG, GROUP, STUDY
 
-TIMEOUT_S = 600  # a hang guard; the study takes about 2.5 minutes on an idle 2-core machine
+pytestmark = pytest.mark.xdist_group(GROUP)  # shares the tiny study with test_reproduce_report.py
+
+TIMEOUT_S = 600  # a hang guard; the 2-process study takes about 2 minutes on an idle 2-core machine
 VARIANTS = ("fixed_long", "fixed_short", "budgetmix")
 
 # A `bmrl train` run for the kill test (it never finishes: one process is killed after its first evaluation).
-CONFIG = """\
+TRAIN_CONFIG = """\
 seed: 0
 model: {hidden_size: 32, intermediate_size: 64, num_hidden_layers: 1, num_attention_heads: 2, num_key_value_heads: 1}
 env: {name: corridor, options: {length: 3, eps: 0.1}, show_budget: false}
@@ -84,18 +88,15 @@ def _read(out) -> dict:
 
 
 @pytest.fixture(scope="module")
-def study(tmp_path_factory):
-    """The tiny study on 1 process x 4 devices (the reference) and on 2 processes x 2 devices, side by side."""
+def study(tiny_study, tmp_path_factory):
+    """The tiny study on 2 processes x 2 devices, beside the 1-device reference (`tiny_study`)."""
     tmp = tmp_path_factory.mktemp("multihost")
-    args = ["--config", "configs/quickstart.yaml", *TINY, "mesh.data=2", "mesh.fsdp=2", "train.entropy_coef=0.01",
-            "checkpoint.every=1", "checkpoint.keep=2"]
-    ref_out, multi_out, logs = tmp / "ref", tmp / "multi", tmp / "logs"
-    ref = _start(["reproduce", *args, f"out_dir={ref_out}"], tmp / "ref.log", 4)
-    multi = _start(["launch", "--processes", "2", "--cpu-devices", "2", "--logs", str(logs), "--",
-                    "reproduce", *args, f"out_dir={multi_out}"], tmp / "multi.log", None)
-    _finish(ref, tmp / "ref.log", "the 1-process study")
+    multi_out, logs = tmp / "multi", tmp / "logs"
+    multi = _start(["launch", "--processes", "2", "--cpu-devices", "2", "--logs", str(logs), "--", "reproduce",
+                    "--config", CONFIG, *STUDY, "mesh.data=2", "mesh.fsdp=2", f"out_dir={multi_out}"],
+                   tmp / "multi.log", None)
     _finish(multi, tmp / "multi.log", "bmrl launch --processes 2 reproduce")
-    return {"tmp": tmp, "ref": ref_out, "multi": multi_out, "logs": logs}
+    return {"tmp": tmp, "ref": tiny_study[0], "multi": multi_out, "logs": logs}
 
 
 def _assert_same_run(got: dict, ref: dict, evals: bool = True) -> None:
@@ -145,8 +146,8 @@ def test_two_processes_run_the_study_like_one(study):
         assert sorted(os.listdir(multi_out / "seed0" / variant / "checkpoints")) == ["1", "2"]
         d, dr = got["summary"]["distributed"], want["summary"]["distributed"]
         assert (d["processes"], d["devices"], d["local_devices"]) == (2, 4, 2)
-        assert (dr["processes"], dr["devices"], dr["local_devices"]) == (1, 4, 4)
-        assert d["mesh"] == dr["mesh"] == {"data": 2, "fsdp": 2, "tensor": 1}
+        assert (dr["processes"], dr["devices"], dr["local_devices"]) == (1, 1, 1)
+        assert d["mesh"] == {"data": 2, "fsdp": 2, "tensor": 1} and dr["mesh"] == {"data": 1, "fsdp": 1, "tensor": 1}
         assert dr["transfer_s_per_step"] == 0
         # The exported policies are the same weights.
         from safetensors.numpy import load_file
@@ -169,19 +170,22 @@ def test_two_processes_run_the_study_like_one(study):
 
 def test_eval_on_two_processes_equals_one(study):
     """`bmrl eval` of the study's BudgetMix policy (Pass@(K,T) grid, decision-accuracy probes, error injection)
-    on 2 processes x 2 devices and on 1 process x 4 devices, same mesh: the same results, episode by episode,
-    written by process 0 alone."""
+    on 2 processes x 2 devices (mesh data 2 x fsdp 2) and in this process on one device: the same results,
+    episode by episode, written by process 0 alone, and the same verdict lines printed by every process."""
+    from bmrl.cli import main
+
     tmp = study["tmp"]
 
-    def args(out):  # the overrides in one run of positionals: argparse takes them only together
-        return ["eval", "--config", "configs/quickstart.yaml", "--no-plots", "--names", "budgetmix",
+    def args(out, *mesh):  # the overrides in one run of positionals: argparse takes them only together
+        return ["eval", "--config", CONFIG, "--no-plots", "--names", "budgetmix",
                 "--policy", str(study["ref"] / "seed0" / "budgetmix" / "policy"), "--out", str(out),
-                *TINY, "mesh.data=2", "mesh.fsdp=2", f"out_dir={out}"]
+                *STUDY, *mesh, f"out_dir={out}"]
 
-    one = _start(args(tmp / "eval1"), tmp / "eval1.log", 4)
     two = _start(["launch", "--processes", "2", "--cpu-devices", "2", "--logs", str(tmp / "eval2_logs"), "--",
-                  *args(tmp / "eval2")], tmp / "eval2.log", None)
-    _finish(one, tmp / "eval1.log", "the 1-process bmrl eval")
+                  *args(tmp / "eval2", "mesh.data=2", "mesh.fsdp=2")], tmp / "eval2.log", None)
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(printed):
+        assert main(args(tmp / "eval1")) == 0
     _finish(two, tmp / "eval2.log", "the 2-process bmrl eval")
     want, got = (json.load(open(tmp / d / "results.json"))["policies"]["budgetmix"] for d in ("eval1", "eval2"))
     assert {"surface", "probe", "injected_eval", "decomposition"} <= want.keys()  # grid, probes, injection all ran
@@ -189,9 +193,9 @@ def test_eval_on_two_processes_equals_one(study):
     _assert_close_tree(got, want)
     # Both processes print the same verdicts (process 0's through the launcher); process 1 writes no file.
     assert os.listdir(tmp / "eval2_logs") == ["process1.log"]
-    lines = {name: [line for line in open(path).read().splitlines() if "Pass@(1," in line]
-             for name, path in [("one", tmp / "eval1.log"), ("0", tmp / "eval2.log"),
-                                ("1", tmp / "eval2_logs" / "process1.log")]}
+    lines = {name: [line for line in text.splitlines() if "Pass@(1," in line]
+             for name, text in [("one", printed.getvalue()), ("0", open(tmp / "eval2.log").read()),
+                                ("1", open(tmp / "eval2_logs" / "process1.log").read())]}
     assert lines["one"] and lines["0"] == lines["one"] and lines["1"] == lines["one"], lines
     assert f"process 0 writes the results to {tmp / 'eval2'}" in open(tmp / "eval2_logs" / "process1.log").read()
 
@@ -231,7 +235,7 @@ def test_a_killed_process_stops_the_other_within_the_heartbeat_bound(tmp_path):
     from bmrl.launch import free_port, process_env
 
     config = tmp_path / "tiny.yaml"
-    config.write_text(CONFIG)
+    config.write_text(TRAIN_CONFIG)
     out, heartbeat = tmp_path / "killed", 10
     port, procs, logs = free_port(), [], [tmp_path / f"killed{i}.log" for i in range(2)]
     for pid in range(2):
@@ -267,8 +271,10 @@ def test_a_killed_process_stops_the_other_within_the_heartbeat_bound(tmp_path):
 
 def test_python_env_two_processes_step_their_own_rows(tmp_path):
     """A Python env (tests/e2e/test_python_env.py's guessing game, two tasks in three raise in step):
-    with 2 processes each steps only its half of the batch's environments; the trajectories, losses,
-    fault counts and evaluations equal 1 process's, and faults.jsonl holds every fault once."""
+    with 2 processes (mesh data 2 x fsdp 2) each steps only its half of the batch's environments; the
+    trajectories, losses, fault counts and evaluations equal those of 1 process on one device (run in this
+    process), and faults.jsonl holds every fault once."""
+    from bmrl.cli import main
     from tests.e2e.test_python_env import ENV_MODULE, _write
 
     # The game, each reset logged as "process task-id" (BMRL_PROCESS_ID; "-" for the 1-process run).
@@ -280,13 +286,13 @@ def test_python_env_two_processes_step_their_own_rows(tmp_path):
         "            f.write(os.environ.get('BMRL_PROCESS_ID', '-') + ' ' + dict(options or {})['id'] + '\\n')\n"))
     assert logged_env != ENV_MODULE
     config = _write(tmp_path, "guess_mh", body=logged_env)
-    overrides = ["mesh.data=2", "mesh.fsdp=2", "train.group_size=4", "train.entropy_coef=0.01", "eval.num_tasks=4",
-                 "eval.probe_states=0", "--no-progress"]
+    overrides = ["train.group_size=4", "train.entropy_coef=0.01", "eval.num_tasks=4", "eval.probe_states=0"]
     ref_out, multi_out = tmp_path / "ref", tmp_path / "multi"
-    ref = _start(["train", "--config", config, f"out_dir={ref_out}", *overrides], tmp_path / "ref.log", 4)
     multi = _start(["launch", "--processes", "2", "--cpu-devices", "2", "--logs", str(tmp_path / "logs"), "--",
-                    "train", "--config", config, f"out_dir={multi_out}", *overrides], tmp_path / "multi.log", None)
-    _finish(ref, tmp_path / "ref.log", "the 1-process Python-env run")
+                    "train", "--config", config, f"out_dir={multi_out}", *overrides, "mesh.data=2", "mesh.fsdp=2",
+                    "--no-progress"], tmp_path / "multi.log", None)
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):  # the reference
+        assert main(["train", "--config", config, f"out_dir={ref_out}", *overrides, "--no-progress"]) == 0
     _finish(multi, tmp_path / "multi.log", "the 2-process Python-env run")
     got, want = _read(multi_out), _read(ref_out)
     _assert_same_run(got, want)

@@ -13,18 +13,12 @@ import pytest
 
 from bmrl.metrics import Progress
 from bmrl.stages import StageProgress, run_stage
+from tests.e2e.study import CONFIG, GROUP, STUDY
 from tests.eval.test_markdown import gfm_tables
 
-LINE = re.compile(r"^\[stage (\d+)/(\d+)\] (seed \d+ - (?:SFT|RL \S+|eval)) - (.+)$")
-TINY = ["sft.steps=3", "sft.batch_size=4", "train.steps=2", "train.tasks_per_step=2", "train.group_size=2",
-        "eval.num_tasks=4", "eval.attempts=4", "eval.ks=[1,4]", "eval.ts=[4,5,8]",
-        "reproduce.small_t=5",  # F1's small T inside the grid, not its smallest: the report must say T=5 throughout
-        "eval.probe_states=8",
-        "eval.bootstrap=20", "data.train_size=64", "data.test_size=16", "reproduce.variants.budgetmix.budgets=[4,8]",
-        # A smaller model than quickstart's (nothing here depends on its size): the study is compile-bound.
-        "model.hidden_size=32", "model.intermediate_size=64", "model.num_hidden_layers=1",
-        "rollout.compact_min_rows=0"]  # 48-row evaluations: no second copy of the turn (tested in rollout/test_engine.py)
+pytestmark = pytest.mark.xdist_group(GROUP)  # shares the tiny study with test_launch.py
 
+LINE = re.compile(r"^\[stage (\d+)/(\d+)\] (seed \d+ - (?:SFT|RL \S+|eval)) - (.+)$")
 
 class Clock:
     def __init__(self):
@@ -124,17 +118,9 @@ def test_progress_calls_on_step_every_tenth_and_at_the_end():
 
 
 @pytest.fixture(scope="module")
-def tiny_run(tmp_path_factory):
-    """The tiny study run once (every stage for real): its out_dir and stderr lines."""
-    from bmrl.config import load
-    from bmrl.reproduce import reproduce
-
-    out = tmp_path_factory.mktemp("reproduce")
-    cfg = load("configs/quickstart.yaml", [f"out_dir={out}", *TINY])
-    err = io.StringIO()
-    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-        reproduce(cfg)
-    return out, cfg, err.getvalue().splitlines()
+def tiny_run(tiny_study):
+    """The tiny study (`tests.e2e.study`, every stage for real): its out_dir, config and stderr lines."""
+    return tiny_study
 
 
 def test_first_run_says_every_stage(tiny_run):
@@ -239,7 +225,7 @@ def test_rerun_with_changed_settings_is_refused_before_any_write(tiny_run):
     out, cfg, _ = tiny_run
     before = {f: (out / f).read_text() for f in ("config.yaml", "summary.json")}
     for override, key in (("sft.recovery=0.9", "sft.recovery"), ("train.optim.lr=0.5", "train.optim.lr")):
-        changed = load("configs/quickstart.yaml", [f"out_dir={out}", *TINY, override])
+        changed = load(CONFIG, [f"out_dir={out}", *STUDY, override])
         with pytest.raises(ConfigError, match=rf"{re.escape(key)}: the finished stage in .* delete"):
             reproduce(changed)
         assert {f: (out / f).read_text() for f in before} == before

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from tests.paths import REPO
-from tests.xla import fast_compile
+from tests.xla import suite_flags
 
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
@@ -40,7 +40,7 @@ def kernel(tmp_path, monkeypatch):
     monkeypatch.setenv("MPLBACKEND", "module://matplotlib_inline.backend_inline")  # figures become outputs
     monkeypatch.setenv("JAX_PLATFORMS", "cpu")
     # One CPU device whatever other tests set, and the suite's cheap compiles (tests.xla).
-    monkeypatch.setenv("XLA_FLAGS", fast_compile())
+    monkeypatch.setenv("XLA_FLAGS", suite_flags())
     return KERNEL
 
 
