@@ -46,17 +46,11 @@ def pytest_configure(config):
     enable()
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(config, items):
-    """Run the slowest files first (stable: tests keep their order within a file), and give every test the
-    pytest-xdist group of its file unless it names one: `--dist loadgroup` then hands out whole files, as
-    `loadfile` would, and files that share a session fixture (tests/e2e/conftest.py) share a worker."""
+    """Run the slowest files first (stable: tests keep their order within a file)."""
     rank = {name: i for i, name in enumerate(SLOW_FIRST)}
     tests = os.path.dirname(os.path.abspath(__file__))
     items.sort(key=lambda item: rank.get(os.path.relpath(item.path, tests), len(SLOW_FIRST)))
-    for item in items:
-        if item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group(os.path.relpath(item.path, tests)))
 
 
 def pytest_xdist_auto_num_workers(config):

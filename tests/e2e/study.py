@@ -1,5 +1,5 @@
 """The tiny study: `bmrl reproduce` of configs/quickstart.yaml shrunk to seconds (SFT, three RL variants,
-evaluation, report), shared by the report tests and the 2-process tests as their reference."""
+evaluation, report): the report tests' run and the 2-process tests' reference (tests/e2e/test_reproduce_report.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import io
 from pathlib import Path
 
 CONFIG = "configs/quickstart.yaml"
-GROUP = "tiny_study"  # the pytest-xdist group of the files that use it (tests/e2e/conftest.py)
 TINY = ["sft.steps=3", "sft.batch_size=4", "train.steps=2", "train.tasks_per_step=2", "train.group_size=2",
         "eval.num_tasks=4", "eval.attempts=4", "eval.ks=[1,4]", "eval.ts=[4,5,8]",
         "reproduce.small_t=5",  # F1's small T inside the grid, not its smallest: the report must say T=5 throughout

@@ -1,17 +1,10 @@
-"""Multi-host end to end: `bmrl launch --processes 2` runs the study like one process, resumes and reshards.
+"""Multi-host end to end: `bmrl launch` and its processes.
 
-The tiny study (`tests.e2e.study`: SFT, three RL variants with checkpoints at every step, evaluation,
-report) is the reference, run once per session in the test process on one device (shared with
-tests/e2e/test_reproduce_report.py). `bmrl launch --processes 2 --cpu-devices 2 -- reproduce ...` runs it
-as 2 processes with 2 devices each, on mesh data 2 x fsdp 2 (the data axis across the processes): SFT and
-RL losses, exported weights, evaluation results episode by episode, the findings and each stage's summary
-must equal the reference's within float tolerance, with one set of outputs written by process 0.
-`bmrl eval` of its BudgetMix policy runs on 2 processes and on 1 (the same results). One RL stage of the
-2-process study is then restarted from its step-1 checkpoint with 1 process x 4 devices or 2 processes
-again (orbax reshards it onto the new process layout): it must end where the reference stage ends. A
-2-process `bmrl train` with one process killed, and a Python env's rows split across processes, have
-tests of their own. The launcher's own contract (stop the others when one dies, its exit status) is
-checked on plain Python children, without JAX.
+A 2-process `bmrl train` with one process killed stops within the heartbeat bound; a Python env's rows are
+split across 2 processes and the run equals 1 process's; the launcher's own contract (stop the others when
+one dies, its exit status) is checked on plain Python children, without JAX. The study on 2 processes
+(`bmrl reproduce`, `bmrl eval`, restarts that reshard) is compared with the tiny study in
+tests/e2e/test_reproduce_report.py, which runs it once in process as the reference.
 """
 
 from __future__ import annotations
@@ -20,23 +13,13 @@ import contextlib
 import io
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
 import time
 
-import numpy as np
-import pytest
-
+from tests.e2e.processes import TIMEOUT_S, assert_same_run, env_of, finish, read_run, start
 from tests.paths import ROOT
-from tests.xla import cpu_devices
-from tests.e2e.study import CONFIG, GROUP, STUDY
-
-pytestmark = pytest.mark.xdist_group(GROUP)  # shares the tiny study with test_reproduce_report.py
-
-TIMEOUT_S = 600  # a hang guard; the 2-process study takes about 2 minutes on an idle 2-core machine
-VARIANTS = ("fixed_long", "fixed_short", "budgetmix")
 
 # A `bmrl train` run for the kill test (it never finishes: one process is killed after its first evaluation).
 TRAIN_CONFIG = """\
@@ -51,176 +34,6 @@ data: {train_size: 64, test_size: 16}
 checkpoint: {every: 2, keep: 2}
 mesh: {data: 2, fsdp: 2}
 """
-
-
-def _env(devices: int | None) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("BMRL_COORDINATOR", "BMRL_NUM_PROCESSES",
-                                                                     "BMRL_PROCESS_ID", "BMRL_DISTRIBUTED"))}
-    env.update(PYTHONPATH=ROOT + os.pathsep + env.get("PYTHONPATH", ""), CI="1")
-    if devices:
-        env.update(JAX_PLATFORMS="cpu", XLA_FLAGS=cpu_devices(devices))
-    return env
-
-
-def _start(args: list[str], log_path, devices: int | None) -> subprocess.Popen:
-    log = open(log_path, "w")
-    proc = subprocess.Popen([sys.executable, "-m", "bmrl", *args], env=_env(devices), cwd=ROOT, stdout=log,
-                            stderr=subprocess.STDOUT)
-    log.close()
-    return proc
-
-
-def _finish(proc: subprocess.Popen, log_path, what: str) -> None:
-    try:
-        code = proc.wait(timeout=TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-        pytest.fail(f"{what} did not finish within {TIMEOUT_S} s:\n{open(log_path).read()[-4000:]}")
-    assert code == 0, f"{what} exited {code}:\n{open(log_path).read()[-4000:]}"
-
-
-def _read(out) -> dict:
-    records = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
-    return {"summary": json.load(open(os.path.join(out, "summary.json"))), "records": records,
-            "losses": [r["train/loss"] for r in records if "train/loss" in r],
-            "evals": {(r["step"], k): v for r in records for k, v in r.items() if k.startswith(("eval/", "val/"))}}
-
-
-@pytest.fixture(scope="module")
-def study(tiny_study, tmp_path_factory):
-    """The tiny study on 2 processes x 2 devices, beside the 1-device reference (`tiny_study`)."""
-    tmp = tmp_path_factory.mktemp("multihost")
-    multi_out, logs = tmp / "multi", tmp / "logs"
-    multi = _start(["launch", "--processes", "2", "--cpu-devices", "2", "--logs", str(logs), "--", "reproduce",
-                    "--config", CONFIG, *STUDY, "mesh.data=2", "mesh.fsdp=2", f"out_dir={multi_out}"],
-                   tmp / "multi.log", None)
-    _finish(multi, tmp / "multi.log", "bmrl launch --processes 2 reproduce")
-    return {"tmp": tmp, "ref": tiny_study[0], "multi": multi_out, "logs": logs}
-
-
-def _assert_same_run(got: dict, ref: dict, evals: bool = True) -> None:
-    """Same per-step losses, final train/rollout metrics and counts; with `evals`, the same evaluations."""
-    np.testing.assert_allclose(got["losses"], ref["losses"], rtol=1e-4, atol=1e-6)
-    g, r = got["summary"], ref["summary"]
-    if evals:
-        assert got["evals"].keys() == ref["evals"].keys()
-        np.testing.assert_allclose([got["evals"][k] for k in ref["evals"]], list(ref["evals"].values()), atol=1e-6)
-        for key in ("eval", "eval_initial", "eval_history"):
-            assert g[key] == r[key], key
-    for key in ("steps", "tokens_seen", "skipped_updates"):
-        assert g[key] == r[key], key
-    for key, value in r["final"].items():
-        if key.startswith(("train/", "rollout/")) and value is not None:
-            np.testing.assert_allclose(g["final"][key], value, rtol=1e-4, atol=1e-6, err_msg=key)
-
-
-def _assert_close_tree(got, want, path: str = "") -> None:
-    """Nested JSON values equal: the same keys and strings, numbers within float tolerance."""
-    if isinstance(want, dict):
-        assert isinstance(got, dict) and got.keys() == want.keys(), path
-        for key in want:
-            _assert_close_tree(got[key], want[key], f"{path}/{key}")
-    elif isinstance(want, list):
-        assert isinstance(got, list) and len(got) == len(want), path
-        for i, (g, w) in enumerate(zip(got, want)):
-            _assert_close_tree(g, w, f"{path}[{i}]")
-    elif isinstance(want, float):
-        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6, err_msg=path)
-    else:
-        assert got == want, path
-
-
-def test_two_processes_run_the_study_like_one(study):
-    """SFT losses, every RL stage's run (losses, summary, where it ran), the saved evaluation results turn by
-    turn and the study's findings agree; process 0 alone writes the study's outputs (process 1 only logs)."""
-    ref_out, multi_out = study["ref"], study["multi"]
-    sft = [r["loss"] for r in map(json.loads, open(ref_out / "seed0" / "sft" / "sft_metrics.jsonl"))]
-    assert len(sft) == 3 and len(set(sft)) == 3
-    np.testing.assert_allclose([r["loss"] for r in map(json.loads, open(multi_out / "seed0" / "sft" / "sft_metrics.jsonl"))],
-                               sft, rtol=1e-4, atol=1e-6)
-    for variant in VARIANTS:
-        got, want = _read(multi_out / "seed0" / variant), _read(ref_out / "seed0" / variant)
-        assert len(want["losses"]) == 2 and all(want["losses"]), variant  # the entropy term moves every loss
-        _assert_same_run(got, want)
-        assert sorted(os.listdir(multi_out / "seed0" / variant / "checkpoints")) == ["1", "2"]
-        d, dr = got["summary"]["distributed"], want["summary"]["distributed"]
-        assert (d["processes"], d["devices"], d["local_devices"]) == (2, 4, 2)
-        assert (dr["processes"], dr["devices"], dr["local_devices"]) == (1, 1, 1)
-        assert d["mesh"] == {"data": 2, "fsdp": 2, "tensor": 1} and dr["mesh"] == {"data": 1, "fsdp": 1, "tensor": 1}
-        assert dr["transfer_s_per_step"] == 0
-        # The exported policies are the same weights.
-        from safetensors.numpy import load_file
-
-        a, b = (load_file(o / "seed0" / variant / "policy" / "model.safetensors") for o in (multi_out, ref_out))
-        assert a.keys() == b.keys()
-        for name in a:
-            np.testing.assert_allclose(a[name], b[name], rtol=1e-4, atol=1e-5, err_msg=f"{variant} {name}")
-    got, want = (json.load(open(o / "seed0" / "eval" / "results.json")) for o in (multi_out, ref_out))
-    assert got["policies"].keys() == want["policies"].keys() == {"base", *VARIANTS}
-    for name, w in want["policies"].items():
-        np.testing.assert_allclose(got["policies"][name]["per_task"], w["per_task"], atol=1e-6, err_msg=name)
-        assert got["policies"][name]["episodes"] == w["episodes"], name  # the same episodes, turn by turn
-        assert got["policies"][name]["probe_correct"] == w["probe_correct"], name
-    g, w = (json.load(open(o / "summary.json")) for o in (multi_out, ref_out))
-    assert g["sentences"] == w["sentences"] and g["table"] == w["table"]
-    assert os.listdir(study["logs"]) == ["process1.log"]
-    assert sorted(os.listdir(multi_out / "figures")) == sorted(os.listdir(ref_out / "figures"))
-
-
-def test_eval_on_two_processes_equals_one(study):
-    """`bmrl eval` of the study's BudgetMix policy (Pass@(K,T) grid, decision-accuracy probes, error injection)
-    on 2 processes x 2 devices (mesh data 2 x fsdp 2) and in this process on one device: the same results,
-    episode by episode, written by process 0 alone, and the same verdict lines printed by every process."""
-    from bmrl.cli import main
-
-    tmp = study["tmp"]
-
-    def args(out, *mesh):  # the overrides in one run of positionals: argparse takes them only together
-        return ["eval", "--config", CONFIG, "--no-plots", "--names", "budgetmix",
-                "--policy", str(study["ref"] / "seed0" / "budgetmix" / "policy"), "--out", str(out),
-                *STUDY, *mesh, f"out_dir={out}"]
-
-    two = _start(["launch", "--processes", "2", "--cpu-devices", "2", "--logs", str(tmp / "eval2_logs"), "--",
-                  *args(tmp / "eval2", "mesh.data=2", "mesh.fsdp=2")], tmp / "eval2.log", None)
-    printed = io.StringIO()
-    with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(printed):
-        assert main(args(tmp / "eval1")) == 0
-    _finish(two, tmp / "eval2.log", "the 2-process bmrl eval")
-    want, got = (json.load(open(tmp / d / "results.json"))["policies"]["budgetmix"] for d in ("eval1", "eval2"))
-    assert {"surface", "probe", "injected_eval", "decomposition"} <= want.keys()  # grid, probes, injection all ran
-    want.pop("compiles"), got.pop("compiles")
-    _assert_close_tree(got, want)
-    # Both processes print the same verdicts (process 0's through the launcher); process 1 writes no file.
-    assert os.listdir(tmp / "eval2_logs") == ["process1.log"]
-    lines = {name: [line for line in text.splitlines() if "Pass@(1," in line]
-             for name, text in [("one", printed.getvalue()), ("0", open(tmp / "eval2.log").read()),
-                                ("1", open(tmp / "eval2_logs" / "process1.log").read())]}
-    assert lines["one"] and lines["0"] == lines["one"] and lines["1"] == lines["one"], lines
-    assert f"process 0 writes the results to {tmp / 'eval2'}" in open(tmp / "eval2_logs" / "process1.log").read()
-
-
-@pytest.mark.parametrize("processes", [1, 2])
-def test_restart_resumes_the_two_process_checkpoint(study, processes):
-    """An RL stage of the 2-process study restarted from its step-1 checkpoint, as 2 processes again or
-    as 1 process x 4 devices (orbax reshards it onto the new process layout): the stage ends equal to the
-    uninterrupted reference's."""
-    out = study["tmp"] / f"restart{processes}"
-    shutil.copytree(study["multi"] / "seed0" / "budgetmix", out)
-    shutil.rmtree(out / "checkpoints" / "2")
-    (out / "summary.json").unlink()
-    log = study["tmp"] / f"restart{processes}.log"
-    args = ["train", "--config", str(out / "config.yaml"), f"out_dir={out}", "--no-progress"]
-    if processes == 1:
-        proc = _start(args, log, 4)
-    else:
-        proc = _start(["launch", "--processes", "2", "--cpu-devices", "2", "--logs", str(out / "logs"), "--", *args],
-                      log, None)
-    _finish(proc, log, f"the {processes}-process restart")
-    assert "resumed from" in open(log).read() and "at step 1" in open(log).read()
-    got, ref = _read(out), _read(study["ref"] / "seed0" / "budgetmix")
-    _assert_same_run(got, ref, evals=False)  # the stage ran without evaluations; `bmrl train` adds a final one
-    assert got["summary"]["resumed_from"] == 1 and got["summary"]["distributed"]["processes"] == processes
 
 
 def test_a_killed_process_stops_the_other_within_the_heartbeat_bound(tmp_path):
@@ -239,7 +52,7 @@ def test_a_killed_process_stops_the_other_within_the_heartbeat_bound(tmp_path):
     out, heartbeat = tmp_path / "killed", 10
     port, procs, logs = free_port(), [], [tmp_path / f"killed{i}.log" for i in range(2)]
     for pid in range(2):
-        env = process_env({**_env(None), "BMRL_HEARTBEAT_TIMEOUT_S": str(heartbeat)}, pid, 2, port, cpu_devices=2)
+        env = process_env({**env_of(None), "BMRL_HEARTBEAT_TIMEOUT_S": str(heartbeat)}, pid, 2, port, cpu_devices=2)
         with open(logs[pid], "w") as log:
             procs.append(subprocess.Popen([sys.executable, "-m", "bmrl", "train", "--config", str(config),
                                            f"out_dir={out}", "--no-progress"], env=env, cwd=ROOT,
@@ -288,14 +101,14 @@ def test_python_env_two_processes_step_their_own_rows(tmp_path):
     config = _write(tmp_path, "guess_mh", body=logged_env)
     overrides = ["train.group_size=4", "train.entropy_coef=0.01", "eval.num_tasks=4", "eval.probe_states=0"]
     ref_out, multi_out = tmp_path / "ref", tmp_path / "multi"
-    multi = _start(["launch", "--processes", "2", "--cpu-devices", "2", "--logs", str(tmp_path / "logs"), "--",
+    multi = start(["launch", "--processes", "2", "--cpu-devices", "2", "--logs", str(tmp_path / "logs"), "--",
                     "train", "--config", config, f"out_dir={multi_out}", *overrides, "mesh.data=2", "mesh.fsdp=2",
                     "--no-progress"], tmp_path / "multi.log", None)
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):  # the reference
         assert main(["train", "--config", config, f"out_dir={ref_out}", *overrides, "--no-progress"]) == 0
-    _finish(multi, tmp_path / "multi.log", "the 2-process Python-env run")
-    got, want = _read(multi_out), _read(ref_out)
-    _assert_same_run(got, want)
+    finish(multi, tmp_path / "multi.log", "the 2-process Python-env run")
+    got, want = read_run(multi_out), read_run(ref_out)
+    assert_same_run(got, want)
     faults = [r["rollout/faults"] for r in want["records"] if "rollout/faults" in r]
     assert faults == [r["rollout/faults"] for r in got["records"] if "rollout/faults" in r] and sum(faults) > 0
     logged = [json.loads(line) for line in open(multi_out / "faults.jsonl")]

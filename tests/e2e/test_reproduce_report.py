@@ -1,11 +1,21 @@
-"""`bmrl reproduce` around its statistics: stage lines on stderr, a rerun that re-renders the report
-from the saved results, the figures (one per finding, shared colour scales) and report.md's tables."""
+"""`bmrl reproduce` end to end on the tiny study (`tests.e2e.study`), run once in this process on one device:
+stage lines on stderr, a rerun that re-renders the report from the saved results, the figures (one per
+finding, shared colour scales) and report.md's tables; and the same study on 2 processes.
+
+`bmrl launch --processes 2 --cpu-devices 2 -- reproduce ...` runs the study as 2 processes with 2 devices each,
+on mesh data 2 x fsdp 2 (the data axis across the processes): SFT and RL losses, exported weights, evaluation
+results episode by episode, the findings and each stage's summary must equal the 1-device run's within float
+tolerance, with one set of outputs written by process 0. `bmrl eval` of its BudgetMix policy runs on 2
+processes and in this process (the same results). One RL stage of the 2-process study is restarted from its
+step-1 checkpoint as 1 process x 4 devices or 2 processes again (orbax reshards it onto the new process
+layout): it must end where the 1-device stage ends."""
 
 import contextlib
 import io
 import json
 import os
 import re
+import shutil
 import types
 
 import numpy as np
@@ -13,10 +23,9 @@ import pytest
 
 from bmrl.metrics import Progress
 from bmrl.stages import StageProgress, run_stage
-from tests.e2e.study import CONFIG, GROUP, STUDY
+from tests.e2e.processes import assert_close_tree, assert_same_run, finish, read_run, start
+from tests.e2e.study import CONFIG, STUDY, run_tiny_study
 from tests.eval.test_markdown import gfm_tables
-
-pytestmark = pytest.mark.xdist_group(GROUP)  # shares the tiny study with test_launch.py
 
 LINE = re.compile(r"^\[stage (\d+)/(\d+)\] (seed \d+ - (?:SFT|RL \S+|eval)) - (.+)$")
 
@@ -118,9 +127,10 @@ def test_progress_calls_on_step_every_tenth_and_at_the_end():
 
 
 @pytest.fixture(scope="module")
-def tiny_run(tiny_study):
-    """The tiny study (`tests.e2e.study`, every stage for real): its out_dir, config and stderr lines."""
-    return tiny_study
+def tiny_run(tmp_path_factory):
+    """The tiny study (`tests.e2e.study`, every stage for real, in this process on one device): its out_dir,
+    config and stderr lines. Tests may add files beside it, and must leave what it wrote as it was."""
+    return run_tiny_study(tmp_path_factory.mktemp("tiny_study"))
 
 
 def test_first_run_says_every_stage(tiny_run):
@@ -255,3 +265,111 @@ def test_heatmaps_share_one_colour_scale(tmp_path, monkeypatch):
     assert {b for _, b in calls["difference"]} == {hi} and lo == -hi
     assert hi == max(np.abs(d).max() for d, _ in calls["difference"])
     assert "f1_gain" not in f.paths and all(os.path.isfile(p) for p in f.paths.values())
+
+
+# ---- the same study on 2 processes (`bmrl launch`), against the 1-device run above ----------------
+VARIANTS = ("fixed_long", "fixed_short", "budgetmix")
+
+
+@pytest.fixture(scope="module")
+def study(tiny_run, tmp_path_factory):
+    """The tiny study on 2 processes x 2 devices, beside the 1-device reference (`tiny_run`)."""
+    tmp = tmp_path_factory.mktemp("multihost")
+    multi_out, logs = tmp / "multi", tmp / "logs"
+    multi = start(["launch", "--processes", "2", "--cpu-devices", "2", "--logs", str(logs), "--", "reproduce",
+                    "--config", CONFIG, *STUDY, "mesh.data=2", "mesh.fsdp=2", f"out_dir={multi_out}"],
+                   tmp / "multi.log", None)
+    finish(multi, tmp / "multi.log", "bmrl launch --processes 2 reproduce")
+    return {"tmp": tmp, "ref": tiny_run[0], "multi": multi_out, "logs": logs}
+
+
+def test_two_processes_run_the_study_like_one(study):
+    """SFT losses, every RL stage's run (losses, summary, where it ran), the saved evaluation results turn by
+    turn and the study's findings agree; process 0 alone writes the study's outputs (process 1 only logs)."""
+    ref_out, multi_out = study["ref"], study["multi"]
+    sft = [r["loss"] for r in map(json.loads, open(ref_out / "seed0" / "sft" / "sft_metrics.jsonl"))]
+    assert len(sft) == 3 and len(set(sft)) == 3
+    np.testing.assert_allclose([r["loss"] for r in map(json.loads, open(multi_out / "seed0" / "sft" / "sft_metrics.jsonl"))],
+                               sft, rtol=1e-4, atol=1e-6)
+    for variant in VARIANTS:
+        got, want = read_run(multi_out / "seed0" / variant), read_run(ref_out / "seed0" / variant)
+        assert len(want["losses"]) == 2 and all(want["losses"]), variant  # the entropy term moves every loss
+        assert_same_run(got, want)
+        assert sorted(os.listdir(multi_out / "seed0" / variant / "checkpoints")) == ["1", "2"]
+        d, dr = got["summary"]["distributed"], want["summary"]["distributed"]
+        assert (d["processes"], d["devices"], d["local_devices"]) == (2, 4, 2)
+        assert (dr["processes"], dr["devices"], dr["local_devices"]) == (1, 1, 1)
+        assert d["mesh"] == {"data": 2, "fsdp": 2, "tensor": 1} and dr["mesh"] == {"data": 1, "fsdp": 1, "tensor": 1}
+        assert dr["transfer_s_per_step"] == 0
+        # The exported policies are the same weights.
+        from safetensors.numpy import load_file
+
+        a, b = (load_file(o / "seed0" / variant / "policy" / "model.safetensors") for o in (multi_out, ref_out))
+        assert a.keys() == b.keys()
+        for name in a:
+            np.testing.assert_allclose(a[name], b[name], rtol=1e-4, atol=1e-5, err_msg=f"{variant} {name}")
+    got, want = (json.load(open(o / "seed0" / "eval" / "results.json")) for o in (multi_out, ref_out))
+    assert got["policies"].keys() == want["policies"].keys() == {"base", *VARIANTS}
+    for name, w in want["policies"].items():
+        np.testing.assert_allclose(got["policies"][name]["per_task"], w["per_task"], atol=1e-6, err_msg=name)
+        assert got["policies"][name]["episodes"] == w["episodes"], name  # the same episodes, turn by turn
+        assert got["policies"][name]["probe_correct"] == w["probe_correct"], name
+    g, w = (json.load(open(o / "summary.json")) for o in (multi_out, ref_out))
+    assert g["sentences"] == w["sentences"] and g["table"] == w["table"]
+    assert os.listdir(study["logs"]) == ["process1.log"]
+    assert sorted(os.listdir(multi_out / "figures")) == sorted(os.listdir(ref_out / "figures"))
+
+
+def test_eval_on_two_processes_equals_one(study):
+    """`bmrl eval` of the study's BudgetMix policy (Pass@(K,T) grid, decision-accuracy probes, error injection)
+    on 2 processes x 2 devices (mesh data 2 x fsdp 2) and in this process on one device: the same results,
+    episode by episode, written by process 0 alone, and the same verdict lines printed by every process."""
+    from bmrl.cli import main
+
+    tmp = study["tmp"]
+
+    def args(out, *mesh):  # the overrides in one run of positionals: argparse takes them only together
+        return ["eval", "--config", CONFIG, "--no-plots", "--names", "budgetmix",
+                "--policy", str(study["ref"] / "seed0" / "budgetmix" / "policy"), "--out", str(out),
+                *STUDY, *mesh, f"out_dir={out}"]
+
+    two = start(["launch", "--processes", "2", "--cpu-devices", "2", "--logs", str(tmp / "eval2_logs"), "--",
+                  *args(tmp / "eval2", "mesh.data=2", "mesh.fsdp=2")], tmp / "eval2.log", None)
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(printed):
+        assert main(args(tmp / "eval1")) == 0
+    finish(two, tmp / "eval2.log", "the 2-process bmrl eval")
+    want, got = (json.load(open(tmp / d / "results.json"))["policies"]["budgetmix"] for d in ("eval1", "eval2"))
+    assert {"surface", "probe", "injected_eval", "decomposition"} <= want.keys()  # grid, probes, injection all ran
+    want.pop("compiles"), got.pop("compiles")
+    assert_close_tree(got, want)
+    # Both processes print the same verdicts (process 0's through the launcher); process 1 writes no file.
+    assert os.listdir(tmp / "eval2_logs") == ["process1.log"]
+    lines = {name: [line for line in text.splitlines() if "Pass@(1," in line]
+             for name, text in [("one", printed.getvalue()), ("0", open(tmp / "eval2.log").read()),
+                                ("1", open(tmp / "eval2_logs" / "process1.log").read())]}
+    assert lines["one"] and lines["0"] == lines["one"] and lines["1"] == lines["one"], lines
+    assert f"process 0 writes the results to {tmp / 'eval2'}" in open(tmp / "eval2_logs" / "process1.log").read()
+
+
+@pytest.mark.parametrize("processes", [1, 2])
+def test_restart_resumes_the_two_process_checkpoint(study, processes):
+    """An RL stage of the 2-process study restarted from its step-1 checkpoint, as 2 processes again or
+    as 1 process x 4 devices (orbax reshards it onto the new process layout): the stage ends equal to the
+    uninterrupted reference's."""
+    out = study["tmp"] / f"restart{processes}"
+    shutil.copytree(study["multi"] / "seed0" / "budgetmix", out)
+    shutil.rmtree(out / "checkpoints" / "2")
+    (out / "summary.json").unlink()
+    log = study["tmp"] / f"restart{processes}.log"
+    args = ["train", "--config", str(out / "config.yaml"), f"out_dir={out}", "--no-progress"]
+    if processes == 1:
+        proc = start(args, log, 4)
+    else:
+        proc = start(["launch", "--processes", "2", "--cpu-devices", "2", "--logs", str(out / "logs"), "--", *args],
+                      log, None)
+    finish(proc, log, f"the {processes}-process restart")
+    assert "resumed from" in open(log).read() and "at step 1" in open(log).read()
+    got, ref = read_run(out), read_run(study["ref"] / "seed0" / "budgetmix")
+    assert_same_run(got, ref, evals=False)  # the stage ran without evaluations; `bmrl train` adds a final one
+    assert got["summary"]["resumed_from"] == 1 and got["summary"]["distributed"]["processes"] == processes
