@@ -36,10 +36,10 @@ _COUNTS: collections.Counter[str] = collections.Counter()
 MAX_PROGRAMS = 64  # least recently used programs beyond this are dropped (their compiles are kept in counts)
 # JAX's events (jax/_src/dispatch.py, compiler.py). The backend event times every program's compile or cache
 # load; a cache hit also records the hit event.
+_BACKEND_EVENT = "/jax/core/compile/backend_compile_duration"
 _DURATION_EVENTS = {"/jax/core/compile/jaxpr_trace_duration": "trace_s",
                     "/jax/core/compile/jaxpr_to_mlir_module_duration": "lower_s",
-                    "/jax/core/compile/backend_compile_duration": "compile_s"}
-_BACKEND_EVENT = "/jax/core/compile/backend_compile_duration"
+                    _BACKEND_EVENT: "compile_s"}
 _CACHE_HIT_EVENT = "/jax/compilation_cache/cache_hits"
 
 
