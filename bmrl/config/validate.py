@@ -57,6 +57,21 @@ def check_options(key: str, fn: Any, options: dict, taken: tuple[str, ...] = ())
             raise ConfigError(f"{key}.{name}", f"must be a number, a bool or text, got {value!r}.")
 
 
+def _check_advantage_values(options: dict) -> None:
+    """The values of the estimators' options, by name (grpo, gigpo): normalize_std a bool, eps > 0,
+    gamma in [0, 1] (gigpo's step discount), step_weight >= 0 (gigpo's weight of the step advantage)."""
+    ranges = {"eps": (0, math.inf, True, True), "gamma": (0, 1, False, False), "step_weight": (0, math.inf, False, True)}
+    for name, value in dict(options or {}).items():
+        key = f"train.advantage_options.{name}"
+        if name == "normalize_std" and not isinstance(value, bool):
+            raise ConfigError(key, f"must be true or false, got {value!r}.")
+        if name in ranges:
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ConfigError(key, f"must be a number, got {value!r}.")
+            lo, hi, lo_open, hi_open = ranges[name]
+            _in_range(key, value, lo, hi, lo_open=lo_open, hi_open=hi_open)
+
+
 def _positive(cfg: Any, prefix: str, names: tuple[str, ...], minimum: int = 1) -> None:
     for name in names:
         value = getattr(cfg, name)
@@ -369,6 +384,7 @@ def validate(cfg: Config) -> None:
     _one_of("train.loss", t.loss, tuple(LOSSES))
     _one_of("train.aggregation", t.aggregation, AGGREGATIONS)
     check_options("train.advantage_options", ADVANTAGES[t.advantage], t.advantage_options, TRAINER_PASSES)
+    _check_advantage_values(t.advantage_options)
     check_options("train.loss_options", LOSSES[t.loss], t.loss_options, TRAINER_PASSES)
     if (t.tasks_per_step * t.group_size) % t.minibatches:
         raise ConfigError("train.minibatches", f"{t.minibatches} does not divide the batch of {t.tasks_per_step * t.group_size} rollouts.")

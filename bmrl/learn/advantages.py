@@ -8,6 +8,14 @@ where B = tasks * group_size and the members of a task's group are contiguous
 (row = task_index * group_size + member), as in the rollout's `Trajectory`. `group_size` is a
 Python int (static under jit). `token_advantages` then broadcasts them onto the policy tokens.
 
+Trajectory estimators, marked by `@trajectory_estimator`, need more than one reward per sequence
+(per-turn rewards, the observations) and give token advantages themselves:
+
+    fn(traj: Trajectory, group_size: int, **options) -> advantages: [B, L]
+
+`ADVANTAGES` holds both kinds under one set of names (`train.advantage`); `takes_trajectory(fn)`
+tells them apart. GiGPO (`bmrl.learn.gigpo`) is one.
+
 Process supervision (`process_advantages`) turns the environment's `progress` into per-turn
 rewards, discounts them over turns and spreads each turn's return onto that turn's reply tokens.
 It is combined with the outcome advantage by `combine_advantages`:
@@ -103,15 +111,27 @@ def reinforce_advantages(rewards: Array, group_size: int = 1) -> Array:
     return _centred(r).reshape(-1)
 
 
+def trajectory_estimator(fn: AdvantageFn) -> AdvantageFn:
+    """Mark `fn` as a trajectory estimator: `fn(traj, group_size, **options) -> token advantages [B, L]`."""
+    fn.takes_trajectory = True
+    return fn
+
+
+def takes_trajectory(fn: AdvantageFn) -> bool:
+    """True for a trajectory estimator (`@trajectory_estimator`), False for an outcome one."""
+    return bool(getattr(fn, "takes_trajectory", False))
+
+
 ADVANTAGES: Registry[AdvantageFn] = Registry("advantage estimator", {
     "grpo": grpo_advantages,
     "rloo": rloo_advantages,
     "reinforce": reinforce_advantages,
+    "gigpo": "bmrl.learn.gigpo:gigpo_trajectory_advantages",  # a trajectory estimator (imported when asked for)
 })
 
 
 def get_advantage(name: str) -> AdvantageFn:
-    """The outcome advantage estimator registered under `name`."""
+    """The advantage estimator registered under `name` (outcome or trajectory: see `takes_trajectory`)."""
     return ADVANTAGES.lookup(name)
 
 

@@ -5,7 +5,7 @@
 
 One `jax.jit` holds the whole update, PureJaxRL style:
 
-    A = outcome advantage (registry, per group) [+ process_coef * process advantage]
+    A = advantage estimator (registry: per group, or per turn for gigpo) [+ process_coef * process advantage]
     logp_ref = reference policy's log-probs (once, when kl_coef > 0)
     for epoch (lax.scan):                       rows permuted by fold_in(key, epoch)
         for minibatch (lax.scan):
@@ -38,7 +38,7 @@ import optax
 from flax import nnx
 
 from bmrl.learn.advantages import (combine_advantages, get_advantage, group_has_signal, process_advantages,
-                                   token_advantages)
+                                   takes_trajectory, token_advantages)
 from bmrl.learn.logprobs import chunked_token_logprobs, token_logprobs_and_entropy
 from bmrl.learn.losses import get_loss
 from bmrl.compiles import counted_jit
@@ -89,10 +89,15 @@ def policy_token_logprobs(
 
 
 def compute_advantages(traj: Trajectory, cfg: TrainCfg) -> jax.Array:
-    """Token advantages [B, L]: the outcome estimator `cfg.advantage` over groups of `cfg.group_size`
-    contiguous rows, plus `cfg.process_coef` x progress-delta process advantages (discount `cfg.gamma`)."""
-    seq_adv = get_advantage(cfg.advantage)(traj.outcome_reward, cfg.group_size, **cfg.advantage_options)
-    adv = token_advantages(seq_adv, traj.loss_mask)
+    """Token advantages [B, L]: the estimator `cfg.advantage` over groups of `cfg.group_size` contiguous
+    rows (an outcome estimator reads `traj.outcome_reward`, a trajectory one such as gigpo the whole
+    trajectory), plus `cfg.process_coef` x progress-delta process advantages (discount `cfg.gamma`)."""
+    estimator = get_advantage(cfg.advantage)
+    if takes_trajectory(estimator):
+        adv = estimator(traj, cfg.group_size, **cfg.advantage_options)
+    else:
+        seq_adv = estimator(traj.outcome_reward, cfg.group_size, **cfg.advantage_options)
+        adv = token_advantages(seq_adv, traj.loss_mask)
     if cfg.process_coef:
         proc = process_advantages(
             traj.progress, traj.turn_active, traj.turn_of_token, traj.loss_mask, gamma=cfg.gamma

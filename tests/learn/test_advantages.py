@@ -89,12 +89,14 @@ def test_reinforce_hand_example():
 
 
 def test_registry_and_jit():
-    assert set(adv.ADVANTAGES) == {"grpo", "rloo", "reinforce"}
-    for name in adv.ADVANTAGES:
+    assert set(adv.ADVANTAGES) == {"grpo", "rloo", "reinforce", "gigpo"}
+    outcome = [name for name in adv.ADVANTAGES if not adv.takes_trajectory(adv.get_advantage(name))]
+    assert sorted(outcome) == ["grpo", "reinforce", "rloo"]  # gigpo reads the trajectory (tests/learn/test_gigpo.py)
+    for name in outcome:
         fn = adv.get_advantage(name)
         jitted = jax.jit(fn, static_argnums=1)
         close(jitted(REWARDS, 4), fn(REWARDS, 4))
-    with pytest.raises(ValueError, match="grpo, reinforce, rloo"):
+    with pytest.raises(ValueError, match="gigpo, grpo, reinforce, rloo"):
         adv.get_advantage("ppo")
 
 
