@@ -4,6 +4,12 @@ rematerialisation of decoder layers (one of the options that lower them).
     plan = plan_memory(model_cfg, mesh, optimizer, rollout_batch=256, max_len=1024, update_rows=128)
     print(plan.table())
     plan.check()          # MemoryPlanError (a ConfigError: exit 2) with the numbers and what to change
+    plan_for_axes(cfg, model_cfg, {"data": 4, "fsdp": 1, "tensor": 1}, optimizer, lora=None,
+                  capacity=(32 * GIB, "tpu-v4-8"))   # a training config on devices this machine lacks
+
+Everything is computed from shapes: `mesh` may be a `jax.sharding.Mesh`, an `AbstractMesh` or axis
+sizes `{"data", "fsdp", "tensor"}`, so a v5p-8 is planned on a laptop (`bmrl plan`, `bmrl.plan`); only
+`device_capacity` asks the local device, and `plan_for_config` (a run's plan) is `plan_for_axes` with it.
 
 Parameters, gradients and optimizer state are exact: every leaf's shard shape under the partition
 rules of `bmrl.parallel` (the optimizer state from `jax.eval_shape(optimizer.init, ...)`). The KV
@@ -23,15 +29,17 @@ of the same config and prints the saving.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
+from collections.abc import Mapping
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from jax.sharding import Mesh
+from jax.sharding import AbstractMesh, Mesh
 
 from bmrl.config import ConfigError
 
@@ -241,9 +249,70 @@ class MemoryPlan:
         )
 
 
+def abstract_mesh(mesh: Mesh | AbstractMesh | Mapping[str, int]) -> AbstractMesh:
+    """`mesh` as an `AbstractMesh` over (data, fsdp, tensor): axis sizes only, no devices."""
+    from bmrl.parallel import AXES
+
+    if isinstance(mesh, Mesh):
+        return mesh.abstract_mesh
+    if isinstance(mesh, AbstractMesh):
+        return mesh
+    return AbstractMesh(tuple(int(mesh[a]) for a in AXES), AXES)
+
+
+@functools.lru_cache(maxsize=16)
+def _abstract_params(mcfg: Any, lora: Any) -> tuple[Any, Any, Any]:
+    """(params, trainable, frozen base or None) of `mcfg` (with `lora`'s adapters), as shapes: built once
+    per architecture (`nnx.eval_shape` of a deep decoder takes about a second) and only read after."""
+    from bmrl.model import Decoder
+    from bmrl.model.lora import add_lora, split_lora
+
+    model = nnx.eval_shape(lambda: Decoder(mcfg, rngs=nnx.Rngs(0)) if lora is None
+                           else add_lora(Decoder(mcfg, rngs=nnx.Rngs(0)), lora))
+    if lora is None:
+        params = nnx.state(model)
+        return params, params, None
+    _, trainable, base = split_lora(model)
+    return nnx.merge_state(trainable, base), trainable, base
+
+
+def _abstract_opt_state(optimizer: Any, mcfg: Any, lora: Any) -> Any:
+    """The optimizer state's shapes for the trainable params of `mcfg` (with `lora`), once per optimizer."""
+    try:
+        return _cached_opt_state(optimizer, mcfg, lora)
+    except TypeError:  # an optimizer that cannot be hashed: computed each time
+        return jax.eval_shape(optimizer.init, _abstract_params(mcfg, lora)[1])
+
+
+@functools.lru_cache(maxsize=16)
+def _cached_opt_state(optimizer: Any, mcfg: Any, lora: Any) -> Any:
+    return jax.eval_shape(optimizer.init, _abstract_params(mcfg, lora)[1])
+
+
+def parameter_totals(mcfg: Any, lora: Any = None) -> tuple[int, int]:
+    """(parameters, their bytes) of the whole model, adapters included, unsharded (shapes only)."""
+    leaves = jax.tree.leaves(_abstract_params(mcfg, _lora_or_none(lora))[0])
+    count = sum(math.prod(x.shape) for x in leaves)
+    return count, sum(math.prod(x.shape) * jnp.dtype(x.dtype).itemsize for x in leaves)
+
+
+def kv_cache_bytes(mcfg: Any, mesh: Mesh | AbstractMesh | Mapping[str, int], rows: int, max_len: int) -> int:
+    """Bytes one device holds of the KV cache of `rows` x `max_len` tokens, laid out by
+    `bmrl.parallel.cache_sharding` (keys and values of every layer, in the compute dtype)."""
+    from bmrl.parallel import cache_sharding
+
+    mesh = abstract_mesh(mesh)
+    cache = jax.ShapeDtypeStruct((rows, max_len, mcfg.num_key_value_heads, mcfg.head_dim), mcfg.dtype)
+    return 2 * mcfg.num_hidden_layers * _device_bytes([cache], [cache_sharding(mesh, mcfg.num_key_value_heads)])
+
+
+def _lora_or_none(lora: Any) -> Any:
+    return lora if lora is not None and lora.rank else None
+
+
 def plan_memory(
     mcfg: Any,
-    mesh: Mesh,
+    mesh: Mesh | AbstractMesh | Mapping[str, int],
     optimizer: Any,
     *,
     rollout_batch: int,
@@ -254,27 +323,22 @@ def plan_memory(
     device_memory_gb: float = 0.0,
     kl_reference: bool = False,
     lora: Any = None,
+    capacity: tuple[int, str] | None = None,
 ) -> MemoryPlan:
-    """The `MemoryPlan` of a decoder `mcfg` (a `ModelConfig`) on `mesh` with `optimizer`: a rollout of
-    `rollout_batch` rows x `max_len` tokens, an update over minibatches of `update_rows` rows split
-    into `microbatches`; `kl_reference`: a KL term to the starting policy; `lora`: a
-    `bmrl.model.lora.LoRASpec` (rank 0 or None: full fine-tuning). Allocates nothing (shapes only)."""
-    from bmrl.model import Decoder
-    from bmrl.model.lora import add_lora, split_lora
-    from bmrl.parallel import BATCH_AXES, cache_sharding, param_shardings, state_shardings
+    """The `MemoryPlan` of a decoder `mcfg` (a `ModelConfig`) on `mesh` (a Mesh, an AbstractMesh or
+    axis sizes) with `optimizer`: a rollout of `rollout_batch` rows x `max_len` tokens, an update over
+    minibatches of `update_rows` rows split into `microbatches`; `kl_reference`: a KL term to the
+    starting policy; `lora`: a `bmrl.model.lora.LoRASpec` (rank 0 or None: full fine-tuning);
+    `capacity`: (bytes, source) of one device, default `device_capacity(device_memory_gb)`.
+    Allocates nothing and needs no devices (shapes only)."""
+    from bmrl.parallel import BATCH_AXES, param_shardings, state_shardings
 
-    lora = lora if lora is not None and lora.rank else None
-    model = nnx.eval_shape(lambda: Decoder(mcfg, rngs=nnx.Rngs(0)) if lora is None
-                           else add_lora(Decoder(mcfg, rngs=nnx.Rngs(0)), lora))
-    if lora is None:
-        params = trainable = nnx.state(model)
-        frozen = 0
-    else:
-        _, trainable, base = split_lora(model)
-        params = nnx.merge_state(trainable, base)
-        frozen = _device_bytes(base, param_shardings(base, mesh))
+    mesh = abstract_mesh(mesh)
+    lora = _lora_or_none(lora)
+    params, trainable, base = _abstract_params(mcfg, lora)
+    frozen = 0 if base is None else _device_bytes(base, param_shardings(base, mesh))
     t_sh = param_shardings(trainable, mesh)
-    opt = jax.eval_shape(optimizer.init, trainable)
+    opt = _abstract_opt_state(optimizer, mcfg, lora)
     param_bytes = _device_bytes(params, param_shardings(params, mesh))
     grads = _device_bytes(trainable, t_sh)
     notes = []
@@ -282,8 +346,7 @@ def plan_memory(
         f32 = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, jnp.float32), trainable)
         grads += _device_bytes(f32, t_sh)
         notes.append(f"gradients accumulated over {microbatches} micro-batches (float32 accumulator)")
-    cache = jax.ShapeDtypeStruct((rollout_batch, max_len, mcfg.num_key_value_heads, mcfg.head_dim), mcfg.dtype)
-    kv = 2 * mcfg.num_hidden_layers * _device_bytes([cache], [cache_sharding(mesh, mcfg.num_key_value_heads)])
+    kv = kv_cache_bytes(mcfg, mesh, rollout_batch, max_len)
     ways = int(np.prod([mesh.shape[a] for a in BATCH_AXES]))
     rows = math.ceil(update_rows / max(microbatches, 1) / ways)
     acts = activation_bytes(mcfg, rows, max_len, mesh.shape["tensor"], remat)
@@ -291,7 +354,7 @@ def plan_memory(
         acts += lora_activation_bytes(mcfg, lora, rows, max_len, remat)
     if remat:
         notes.append("decoder layers rematerialised in the backward pass")
-    capacity, source = device_capacity(device_memory_gb)
+    capacity, source = capacity if capacity is not None else device_capacity(device_memory_gb)
     reference = param_bytes if kl_reference and lora is None else 0
     return MemoryPlan(dict(mesh.shape), param_bytes, grads, _device_bytes(opt, state_shardings(opt, mesh)), kv, acts,
                       capacity, source, tuple(notes), reference, frozen)
@@ -305,26 +368,52 @@ def lora_activation_bytes(mcfg: Any, lora: Any, rows: int, seq: int, remat: bool
     return int(4 * lora.rank * len(lora.targets) * layers * rows * seq)
 
 
-def plan_for_config(cfg: Any, mcfg: Any, mesh: Mesh, optimizer: Any) -> MemoryPlan:
-    """The plan of a training run (`cfg`: a `bmrl.config.Config`; `mcfg` its policy's ModelConfig)."""
-    t = cfg.train
-    batch = t.tasks_per_step * t.group_size
-    micro = int(getattr(t, "microbatches", 1))
-    mb = batch // max(t.minibatches, 1)
-    if micro < 1 or mb % micro:
-        raise ConfigError("train.microbatches", f"must be >= 1 and divide the minibatch of {mb} rows "
-                          f"(tasks_per_step x group_size / minibatches), got {micro}.")
-    eval_rows = cfg.eval.num_tasks * len(cfg.eval.ts)
-    rollout_rows = (t.tasks_per_step + int(getattr(t, "oversample", 0))) * t.group_size  # dynamic sampling plays more
-    from bmrl.model.lora import LoRASpec
+@dataclasses.dataclass(frozen=True)
+class RunShapes:
+    """The numbers of a training config that size its memory: rows and tokens of the rollout and the update."""
 
-    spec = LoRASpec.of(cfg.model.lora) if cfg.model.lora.rank else None
+    batch_rows: int  # rows an update trains on: tasks_per_step x group_size
+    rollout_rows: int  # rows a training rollout plays: (tasks_per_step + oversample) x group_size
+    eval_rows: int  # rows of one evaluation rollout: eval.num_tasks x len(eval.ts)
+    max_len: int  # the context buffer (rollout.max_len): every row's length in the rollout and the update
+    minibatch_rows: int  # rows of one optimizer step: batch_rows / train.minibatches
+    microbatches: int  # train.microbatches (each minibatch's rows split into this many)
+    remat: bool  # train.remat
+    kl_reference: bool  # train.kl_coef > 0: a KL term to the starting policy
+
+    @classmethod
+    def of(cls, cfg: Any) -> RunShapes:
+        """The shapes of `cfg` (a `bmrl.config.Config`); ConfigError when train.microbatches does not split
+        a minibatch."""
+        t = cfg.train
+        batch = t.tasks_per_step * t.group_size
+        mb = batch // max(t.minibatches, 1)
+        if t.microbatches < 1 or mb % t.microbatches:
+            raise ConfigError("train.microbatches", f"must be >= 1 and divide the minibatch of {mb} rows "
+                              f"(tasks_per_step x group_size / minibatches), got {t.microbatches}.")
+        return cls(batch, (t.tasks_per_step + t.oversample) * t.group_size,  # dynamic sampling plays more
+                   cfg.eval.num_tasks * len(cfg.eval.ts), cfg.rollout.max_len, mb, t.microbatches, t.remat,
+                   t.kl_coef > 0)
+
+    @property
+    def kv_rows(self) -> int:
+        """Rows of the largest rollout, training or evaluation: the KV cache the plan holds."""
+        return max(self.rollout_rows, self.eval_rows)
+
+
+def plan_for_axes(cfg: Any, mcfg: Any, mesh: Mesh | AbstractMesh | Mapping[str, int], optimizer: Any, *, lora: Any,
+                  capacity: tuple[int, str]) -> MemoryPlan:
+    """The plan of a training run from shapes alone (no devices): `cfg` a `bmrl.config.Config`, `mcfg` its
+    policy's ModelConfig, `mesh` the axis sizes it runs on, `optimizer` its optimizer, `lora` its
+    `LoRASpec` (`bmrl.assembly.lora_spec`; None or rank 0: full fine-tuning), `capacity` (bytes, source)
+    of one device. With LoRA, also plans full fine-tuning of the same config and notes the saving."""
+    shapes = RunShapes.of(cfg)
+    spec = _lora_or_none(lora)
 
     def plan(spec):
-        return plan_memory(mcfg, mesh, optimizer, rollout_batch=max(rollout_rows, eval_rows), max_len=cfg.rollout.max_len,
-                           update_rows=mb, microbatches=micro, remat=bool(getattr(t, "remat", False)),
-                           device_memory_gb=float(getattr(cfg.mesh, "device_memory_gb", 0.0)),
-                           kl_reference=t.kl_coef > 0, lora=spec)
+        return plan_memory(mcfg, mesh, optimizer, rollout_batch=shapes.kv_rows, max_len=shapes.max_len,
+                           update_rows=shapes.minibatch_rows, microbatches=shapes.microbatches, remat=shapes.remat,
+                           kl_reference=shapes.kl_reference, lora=spec, capacity=capacity)
 
     out = plan(spec)
     if spec is None:
@@ -341,5 +430,14 @@ def plan_for_config(cfg: Any, mcfg: Any, mesh: Mesh, optimizer: Any) -> MemoryPl
     return dataclasses.replace(out, notes=out.notes + (saving,))
 
 
-__all__ = ["HEADROOM", "MemoryPlan", "MemoryPlanError", "activation_bytes", "device_capacity", "lora_activation_bytes",
+def plan_for_config(cfg: Any, mcfg: Any, mesh: Mesh, optimizer: Any, *, lora: Any) -> MemoryPlan:
+    """The plan of a training run on `mesh` (`cfg`: a `bmrl.config.Config`; `mcfg` its policy's ModelConfig;
+    `lora` the run's `LoRASpec`, None or rank 0 without adapters): `plan_for_axes` with this mesh's axis
+    sizes and the capacity of the local device (`device_capacity`, or `mesh.device_memory_gb`)."""
+    return plan_for_axes(cfg, mcfg, dict(mesh.shape), optimizer, lora=lora,
+                         capacity=device_capacity(cfg.mesh.device_memory_gb))
+
+
+__all__ = ["GIB", "HEADROOM", "MemoryPlan", "MemoryPlanError", "RunShapes", "abstract_mesh", "activation_bytes",
+           "device_capacity", "kv_cache_bytes", "lora_activation_bytes", "parameter_totals", "plan_for_axes",
            "plan_for_config", "plan_memory", "remat_layers"]

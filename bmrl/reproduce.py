@@ -71,7 +71,7 @@ def _evaluate_seed(cfg: Config, eval_cfg: Config, seed: int, dirs: dict[str, str
     if load_results(results_path, to_dict(eval_cfg)) is not None:
         return stages.skip(f"seed {seed} - eval", f"done already: {results_path}")
     stages.start(f"seed {seed} - eval", "eval")
-    policies = {name: load_policy(path) for name, path in dirs.items()}
+    policies = {name: load_policy(path, cfg.model) for name, path in dirs.items()}
     results = evaluate_policies(eval_cfg, policies, EvalSettings.from_config(cfg), log=stages.note)
     stages.note("writing the per-seed report")
     resamples = eval_cfg.eval.bootstrap  # this seed's F2 of every variant against the base, as `bmrl compare` has it

@@ -82,7 +82,7 @@ def evaluate_policy(model, run: Run, cfg: Config, tasks: Any, cap: int, key: jax
 def _policy(cfg: Config, run: Run | None) -> tuple[Any, Any, Run]:
     """(model, tokenizer, run): the policy SFT starts from and the run built for its tokenizer."""
     if cfg.model.path is not None:
-        model, tokenizer = load_policy(cfg.model.path)
+        model, tokenizer = load_policy(cfg.model.path, cfg.model)
     else:
         tokenizer = build_tokenizer(cfg) if run is None else run.tokenizer
         model = new_policy(cfg, tokenizer)
@@ -179,7 +179,7 @@ def run_sft(cfg: Config, *, log: Callable[[str], Any] = print, return_model: boo
     finished = rundir.claim(cfg, "sft")  # not writable / other settings: refused (exit 2) before any work
     if finished is not None:
         log(f"sft: {cfg.out_dir} already finished with these settings; nothing to do (delete it to redo it)")
-        return (finished, load_policy(finished["policy_dir"])[0]) if return_model else finished
+        return (finished, load_policy(finished["policy_dir"], cfg.model)[0]) if return_model else finished
     model, tokenizer, run = _policy(cfg, run)
     env, fmt, player = run.env, run.fmt, run.player
     player.check_demos()  # a Python env must name its oracle's next action

@@ -50,7 +50,7 @@ from flax import nnx
 from bmrl import compiles as compiles_lib
 from bmrl import config as config_lib
 from bmrl import memory as memory_lib
-from bmrl.assembly import Run, base_dir, build_run, init_policy
+from bmrl.assembly import Run, base_dir, build_run, init_policy, lora_spec
 from bmrl.assembly.learner import Learner
 from bmrl.checkpoint import Checkpointer, key_data
 from bmrl.distributed import TRANSFERS, main_writes, process_info, to_host, warm_collectives
@@ -214,7 +214,7 @@ class Trainer:
             learner = dataclasses.replace(learner, base=base)
         self.learner = learner
         optimizer = optimizer_from_config(t.optim, t.steps * t.epochs * t.minibatches, master_f32=t.f32_master)
-        plan = memory_lib.plan_for_config(cfg, policy.config, self.mesh, optimizer)
+        plan = memory_lib.plan_for_config(cfg, policy.config, self.mesh, optimizer, lora=lora_spec(cfg))
         if jax.process_index() == 0:
             print(plan.table(), flush=True)
             for note in self.run.fmt.notes:  # where the trained context differs from the chat template's rendering

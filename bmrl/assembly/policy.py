@@ -121,22 +121,27 @@ def init_policy(cfg: Config, tokenizer=None) -> tuple[Any, Any]:
     a fresh tiny decoder (seed `cfg.seed`) with `tokenizer` (default: the tiny one, `build_tokenizer`);
     with `model.lora.rank > 0` the policy carries fresh adapters (`with_lora`)."""
     if cfg.model.path:
-        policy, tok = load_policy(cfg.model.path)
+        policy, tok = load_policy(cfg.model.path, cfg.model)
     else:
         tok = build_tokenizer(cfg) if tokenizer is None else tokenizer
         policy = new_policy(cfg, tok)
     return with_lora(cfg, policy), tok
 
 
-def load_policy(path: str | os.PathLike):
+def load_policy(path: str | os.PathLike, model: Any = None):
     """`(model, tokenizer)` from a local Hugging Face directory (`bmrl.model.from_pretrained`), or from a
     PEFT adapter directory (`bmrl.model.peft`: the base it names, with its LoRA adapters).
+
+    `model`: the config's `model` section, whose `param_dtype` and `dtype` the loaded policy takes
+    (parameter storage and compute: a real model's `dtype: bfloat16` computes in bfloat16); None loads
+    float32 parameters and compute.
 
     A missing directory or one without tokenizer files fails with a message saying what to pass.
     """
     _check_dir(path)
     try:
-        model, tokenizer = from_adapter_dir(path) if is_adapter_dir(path) else from_pretrained(path)
+        dtypes = {} if model is None else {"param_dtype": model.param_dtype, "dtype": model.dtype}
+        loaded, tokenizer = from_adapter_dir(path, **dtypes) if is_adapter_dir(path) else from_pretrained(path, **dtypes)
     except CheckpointError as err:
         raise ConfigError("model.path", f"{err} Fix the directory or point model.path elsewhere.") from None
     if tokenizer is None:
@@ -144,7 +149,7 @@ def load_policy(path: str | os.PathLike):
             "model.path", f"{str(path)!r} holds no tokenizer files (tokenizer.json ...); a policy needs its "
             "tokenizer: save it with bmrl.model.save_pretrained(model, tokenizer, path)."
         )
-    return model, tokenizer
+    return loaded, tokenizer
 
 
 def _check_dir(path) -> None:

@@ -114,7 +114,7 @@ def _run(args: argparse.Namespace, cfg) -> int:
     if e.bootstrap < 10:
         raise ValueError(f"compare needs intervals: eval.bootstrap must be >= 10 resamples, got {e.bootstrap}.")
     scripted = {n: scripted_policy(s) for n, s in specs.items() if s["kind"] == "scripted"}  # fail early
-    loaded = {n: pol.load_policy(s["path"]) for n, s in specs.items() if s["kind"] == "dir"}
+    loaded = {n: pol.load_policy(s["path"], cfg.model) for n, s in specs.items() if s["kind"] == "dir"}
     tokenizers = [tok for _, tok in loaded.values()]
     shared_tok = tokenizers[0] if tokenizers else pol.build_tokenizer(cfg)
     runs = {n: pol.build_run(cfg, loaded[n][1] if n in loaded else shared_tok) for n in specs}  # env, format, buffer

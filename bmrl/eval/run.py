@@ -97,7 +97,7 @@ def run_eval(cfg: Config) -> dict:
     finished = rundir.claim(cfg, "eval")  # not writable / other settings: refused (exit 2) before any work
     if finished is not None:
         return finished
-    results = evaluate_policies(cfg, {"policy": load_policy(cfg.model.path)})
+    results = evaluate_policies(cfg, {"policy": load_policy(cfg.model.path, cfg.model)})
     rundir.write_config(cfg)
     _, summary = write_report(os.path.join(cfg.out_dir, "eval"), results, title="bmrl eval",
                               settings={"policy": cfg.model.path, "env": cfg.env.name})
