@@ -18,6 +18,7 @@ from bmrl.envs import sokoban_core as core
 from bmrl.envs.sokoban import UNDO, Sokoban
 from bmrl.envs.sokoban import corpus as sokoban_corpus
 from tests.tiny_tokenizer import shared_tokenizer
+from tests.xla import optimised
 
 N = 1024  # one batch size for the main env, so each of its functions compiles once
 
@@ -48,12 +49,12 @@ CONFIGS = {
 def jitted(env):
     """Batched functions of `env`, compiled once each (turns left passed when the budget is shown)."""
     budget = (lambda n, t: jnp.full((n,), t, jnp.int32)) if env.show_budget else (lambda n, t: None)
-    reset, step = jax.jit(jax.vmap(env.reset)), jax.jit(jax.vmap(env.step))
+    reset, step = (jax.jit(jax.vmap(f), compiler_options=optimised()) for f in (env.reset, env.step))
     return {
         "reset": lambda keys, tasks, t=20: reset(keys, tasks, budget(len(keys), t)),
         "step": lambda keys, states, actions, t=19: step(keys, states, actions, budget(len(keys), t)),
-        "oracle": jax.jit(jax.vmap(env.oracle_action)),
-        "togo": jax.jit(jax.vmap(env.turns_to_go)),
+        "oracle": jax.jit(jax.vmap(env.oracle_action), compiler_options=optimised()),
+        "togo": jax.jit(jax.vmap(env.turns_to_go), compiler_options=optimised()),
     }
 
 
@@ -183,7 +184,7 @@ def test_oracle_solves_every_level_in_optimal_turns(name):
 def test_optimal_turns_is_the_start_distance():
     env = main_env()
     states, _ = main_batch()
-    opt = jax.jit(jax.vmap(env.optimal_turns))(seeds(N, offset=5000))
+    opt = jax.jit(jax.vmap(env.optimal_turns), compiler_options=optimised())(seeds(N, offset=5000))
     np.testing.assert_array_equal(np.asarray(opt), np.asarray(states.dist0))
 
 
@@ -361,14 +362,15 @@ def test_reset_and_step_deterministic_and_level_from_seed_only():
     assert rows_equal((a, oa), (b, ob)).all()
     c, _ = fns["reset"](keys(N), {"seed": tasks["seed"][::-1]})
     assert (np.asarray(a.pos) != np.asarray(c.pos)).mean() > 0.5
-    # A row's step depends only on its own (key, state, action): the batched, jitted step equals the
-    # unbatched, eager one row by row (no cross-row leakage, no dependence on the batch).
+    # A row's step depends only on its own (key, state, action): the batched step equals the unbatched one
+    # row by row (no cross-row leakage, no dependence on the batch). Unbatched under jit: one program, not
+    # hundreds of eager ones.
     actions = jax.random.randint(jax.random.PRNGKey(3), (N,), -1, 5)
     batched = fns["step"](keys(N, 5), a, actions)
-    env = main_env()
+    one_step = jax.jit(main_env().step)
     for i in (0, 17, N - 1):
         row = jax.tree.map(lambda x: x[i], a)
-        single = env.step(keys(N, 5)[i], row, actions[i], jnp.int32(19))
+        single = one_step(keys(N, 5)[i], row, actions[i], jnp.int32(19))
         got = jax.tree.map(lambda x: x[i], batched)
         assert all(np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(jax.tree.leaves(got), jax.tree.leaves(single)))
 
