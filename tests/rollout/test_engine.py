@@ -1,5 +1,6 @@
 """The compiled multi-turn rollout: equality with the Python loop, caps, compiles, keys, overflow."""
 
+import functools
 import math
 import os
 import re
@@ -35,11 +36,16 @@ FIELDS = (
 )
 
 
+@functools.lru_cache(maxsize=None)
 def _env(name, tok, **extra):
-    try:
-        return make(name, tok, **ENV_OPTIONS[name], **extra)
-    except ValueError as e:  # an env module not in this checkout yet
-        pytest.skip(str(e))
+    """One env object per setting for the whole file, and one format per env (`_fmt`): a compiled rollout is
+    cached by its env and format objects, so tests of the same shapes share one program."""
+    return make(name, tok, **ENV_OPTIONS[name], **extra)
+
+
+@functools.lru_cache(maxsize=None)
+def _fmt(env):
+    return default_format(env)
 
 
 def _cfg(max_turns=8, max_len=768, temperature=0.0, reply=6):
@@ -64,7 +70,7 @@ def _assert_same(a, b):
 def test_rollout_equals_python_loop(name, temperature, tiny_tokenizer):
     """Token for token, with the same per-row keys: greedy and sampled replies alike."""
     env = _env(name, tiny_tokenizer)
-    policy = steered_policy(env, default_format(env), seed=1, scale=3.0 if temperature else 12.0)
+    policy = steered_policy(env, _fmt(env), seed=1, scale=3.0 if temperature else 12.0)
     caps = jnp.array([1, 3, 6, 5, 2, 6, 6, 4], jnp.int32)
     tasks = {"seed": jnp.arange(8, dtype=jnp.int32) + 100}
     cfg = _cfg(max_turns=6, max_len=512, temperature=temperature)
@@ -80,7 +86,7 @@ def test_rollout_equals_python_loop(name, temperature, tiny_tokenizer):
 
 def test_caps_hold_exactly(tiny_tokenizer):
     env = _env("corridor", tiny_tokenizer, show_budget=True)
-    policy = steered_policy(env, default_format(env), seed=3, scale=3.0)
+    policy = steered_policy(env, _fmt(env), seed=3, scale=3.0)
     cfg = _cfg(max_turns=12, max_len=1024, temperature=1.0)
     batch = 64
     caps = budget.mix([2, 5, 12], [0.3, 0.3, 0.4]).sample(jax.random.key(0), batch, group_size=8)
@@ -104,19 +110,21 @@ def test_caps_hold_exactly(tiny_tokenizer):
 
 
 def test_one_compile_across_budgets(tiny_tokenizer):
+    """Fixed, mixed and uniform caps, shared in a group or not, run in one program (the caps are data); the
+    program is test_group_members_sample_differently's (the same shapes)."""
     env = _env("corridor", tiny_tokenizer)
-    policy = steered_policy(env, default_format(env), seed=4, scale=3.0)
-    cfg = _cfg(max_turns=16, max_len=1024, temperature=1.0)
+    policy = steered_policy(env, _fmt(env), seed=4, scale=3.0)
+    cfg = _cfg(temperature=1.0)
     from flax import nnx
 
     from bmrl.rollout import make_rollout
 
     graphdef, _ = nnx.split(policy)
-    run = make_rollout(graphdef, env, default_format(env), cfg)
+    run = make_rollout(graphdef, env, _fmt(env), cfg)
     before = run.trace_count()
     tasks = {"seed": jnp.arange(16, dtype=jnp.int32)}
-    samplers = [budget.fixed(3), budget.fixed(16), budget.mix([2, 8, 16], [0.2, 0.3, 0.5]),
-                budget.uniform(1, 16), budget.mix([4, 12])]
+    samplers = [budget.fixed(3), budget.fixed(8), budget.mix([2, 4, 8], [0.2, 0.3, 0.5]),
+                budget.uniform(1, 8), budget.mix([4, 6])]
     used = []
     for i, b in enumerate(samplers):
         caps = b.sample(jax.random.key(i), 16, group_size=4, share_in_group=i % 2 == 0)
@@ -127,19 +135,23 @@ def test_one_compile_across_budgets(tiny_tokenizer):
 
 
 def test_same_key_same_trajectory_and_neighbours_do_not_matter(tiny_tokenizer):
+    """Sampled (temperature 1), with a key per row: the same keys give the same trajectories, and a row's
+    trajectory does not depend on its neighbours' tasks, caps or keys (the batch compacts as they finish).
+    The program is test_error_injection_forces_wrong_actions's (the same shapes)."""
     env = _env("frozenlake", tiny_tokenizer)
-    policy = steered_policy(env, default_format(env), seed=5, scale=3.0)
-    cfg = _cfg()
-    keys = jax.random.split(jax.random.key(7), 8)
-    tasks = {"seed": jnp.arange(8, dtype=jnp.int32)}
-    caps = jnp.full((8,), 8, jnp.int32)
+    policy = steered_policy(env, _fmt(env), seed=5, scale=3.0)
+    cfg = _cfg(temperature=1.0)
+    keys = jax.random.split(jax.random.key(7), 64)
+    tasks = {"seed": jnp.arange(64, dtype=jnp.int32)}
+    caps = jnp.full((64,), 8, jnp.int32)
     a = rollout(policy, env, tasks, caps, keys, cfg)
     b = rollout(policy, env, tasks, caps, keys, cfg)
     _assert_same(a, b)
-    # Different neighbours (tasks, caps, keys of rows 1..7): row 0 is unchanged.
-    tasks2 = {"seed": jnp.arange(8, dtype=jnp.int32).at[1:].add(50)}
+    assert len({row.tobytes() for row in np.asarray(a.tokens)[:, :200]}) > 32  # sampled: rows differ
+    # Different neighbours (tasks, caps, keys of rows 1..63): row 0 is unchanged.
+    tasks2 = {"seed": jnp.arange(64, dtype=jnp.int32).at[1:].add(50)}
     caps2 = caps.at[1:].set(3)
-    keys2 = keys.at[1:].set(jax.random.split(jax.random.key(99), 7))
+    keys2 = keys.at[1:].set(jax.random.split(jax.random.key(99), 63))
     c = rollout(policy, env, tasks2, caps2, keys2, cfg)
     for f in FIELDS:
         np.testing.assert_array_equal(np.asarray(getattr(a, f))[0], np.asarray(getattr(c, f))[0], err_msg=f)
@@ -147,7 +159,7 @@ def test_same_key_same_trajectory_and_neighbours_do_not_matter(tiny_tokenizer):
 
 def test_group_members_sample_differently(tiny_tokenizer):
     env = _env("corridor", tiny_tokenizer)
-    policy = steered_policy(env, default_format(env), seed=6, scale=3.0)
+    policy = steered_policy(env, _fmt(env), seed=6, scale=3.0)
     cfg = _cfg(temperature=1.0)
     tasks = {"seed": jnp.repeat(jnp.arange(2, dtype=jnp.int32), 8)}
     tr = rollout(policy, env, tasks, jnp.full((16,), 4, jnp.int32), jax.random.key(0), cfg)
@@ -158,8 +170,8 @@ def test_group_members_sample_differently(tiny_tokenizer):
 
 def test_overflow_is_flagged_and_corrupts_nothing(tiny_tokenizer):
     env = _env("corridor", tiny_tokenizer)
-    policy = steered_policy(env, default_format(env), seed=7)
-    fmt = default_format(env)
+    policy = steered_policy(env, _fmt(env), seed=7)
+    fmt = _fmt(env)
     small = fmt.tokens_needed(2, env.max_obs_len, 6)
     tasks = {"seed": jnp.arange(4, dtype=jnp.int32)}
     caps = jnp.array([2, 8, 8, 8], jnp.int32)
@@ -179,7 +191,7 @@ def test_overflow_is_flagged_and_corrupts_nothing(tiny_tokenizer):
 
 def test_bad_inputs_are_refused(tiny_tokenizer):
     env = _env("corridor", tiny_tokenizer)
-    policy = steered_policy(env, default_format(env))
+    policy = steered_policy(env, _fmt(env))
     tasks = {"seed": jnp.arange(2, dtype=jnp.int32)}
     key = jax.random.key(0)
     with pytest.raises(RolloutError, match=r"in \[1, max_turns=8\]"):
@@ -233,12 +245,13 @@ def test_sharded_rollout_matches_single_device(tmp_path):
 
 def test_error_injection_forces_wrong_actions(tiny_tokenizer):
     env = _env("frozenlake", tiny_tokenizer)
-    policy = steered_policy(env, default_format(env), seed=8, scale=3.0)
+    policy = steered_policy(env, _fmt(env), seed=8, scale=3.0)
     cfg = _cfg(temperature=1.0)
     tasks = {"seed": jnp.arange(64, dtype=jnp.int32)}
     caps = jnp.full((64,), 6, jnp.int32)
     inject = Injection.at(cfg.max_turns, turns=[1, 3], prob=0.5)
-    tr = jax.tree.map(np.asarray, rollout(policy, env, tasks, caps, jax.random.key(0), cfg, inject=inject))
+    keys = jax.random.split(jax.random.key(0), 64)  # a key per row: test_same_key_...'s program
+    tr = jax.tree.map(np.asarray, rollout(policy, env, tasks, caps, keys, cfg, inject=inject))
     inj = tr.injected
     assert not inj[:, [0, 2, 4, 5]].any()
     assert np.all(tr.turn_active[inj])
@@ -246,7 +259,7 @@ def test_error_injection_forces_wrong_actions(tiny_tokenizer):
     assert 0.3 < rate < 0.7, rate
     # A forced action is valid and never the oracle's.
     assert np.all(tr.action[inj] >= 0) and np.all(tr.action[inj] != tr.oracle_action[inj])
-    none = jax.tree.map(np.asarray, rollout(policy, env, tasks, caps, jax.random.key(0), cfg))
+    none = jax.tree.map(np.asarray, rollout(policy, env, tasks, caps, keys, cfg))
     assert not none.injected.any()
 
 
@@ -301,7 +314,7 @@ def test_attention_block_changes_only_the_work(tiny_tokenizer, monkeypatch):
     from bmrl.model import decoder
 
     env = _env("corridor", tiny_tokenizer)
-    policy = steered_policy(env, default_format(env), seed=2, scale=3.0)
+    policy = steered_policy(env, _fmt(env), seed=2, scale=3.0)
     tasks, caps, key = {"seed": jnp.arange(4, dtype=jnp.int32)}, jnp.asarray([2, 5, 8, 8], jnp.int32), jax.random.key(3)
     runs, seen = {}, []
     real = decoder.attend_cache
@@ -338,7 +351,7 @@ def test_rollout_program_never_copies_the_kv_cache(tiny_tokenizer):
     from tests.model.test_attention import _cache_sized_copies
 
     env = _env("corridor", tiny_tokenizer)
-    fmt = default_format(env)
+    fmt = _fmt(env)
     policy = steered_policy(env, fmt, seed=2, scale=3.0)
     cfg = dataclasses.replace(_cfg(max_turns=4, max_len=256), compact_min_rows=2)
     graphdef, params = nnx.split(policy)
@@ -360,12 +373,13 @@ def test_compaction_changes_nothing_but_the_work(name, tiny_tokenizer):
     import dataclasses
 
     env = _env(name, tiny_tokenizer)
-    policy = steered_policy(env, default_format(env), seed=2, scale=3.0)
+    policy = steered_policy(env, _fmt(env), seed=2, scale=3.0)
     cfg = _cfg(temperature=1.0)
     caps = jnp.asarray(np.tile([1, 2, 3, 8, 4, 8, 6, 5], 2), jnp.int32)  # rows finish at every turn
     tasks = {"seed": jnp.arange(16, dtype=jnp.int32) * 7}
     key = jax.random.key(11)
-    full = rollout(policy, env, tasks, caps, key, dataclasses.replace(cfg, compact_min_rows=0))
+    assert cfg.compact_chunk(16) == 16  # the default's 16-row chunks: the whole batch (the program of the tests above)
+    full = rollout(policy, env, tasks, caps, key, cfg)
     compacting = dataclasses.replace(cfg, compact_min_rows=4)
     assert compacting.compact_chunk(16) == 4
     _assert_same(full, rollout(policy, env, tasks, caps, key, compacting))
@@ -382,7 +396,7 @@ def test_compaction_gathers_every_env_state(name, tiny_tokenizer):
     import dataclasses
 
     env = _env(name, tiny_tokenizer)
-    policy = steered_policy(env, default_format(env), seed=2, scale=3.0)
+    policy = steered_policy(env, _fmt(env), seed=2, scale=3.0)
     cfg = _cfg(max_turns=4, max_len=512, temperature=1.0)
     compacting = dataclasses.replace(cfg, compact_min_rows=2, compact_steps=2)
     caps, tasks, key = jnp.asarray([1, 4, 2, 4], jnp.int32), {"seed": jnp.arange(4, dtype=jnp.int32) * 5}, jax.random.key(7)
