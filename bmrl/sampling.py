@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -14,16 +15,42 @@ def unroll_threefry_on_cpu() -> bool:
     rounds, not rolled into a 5-step loop). The rolled loop runs its rounds as ~25 tiny ops per step:
     every PRNG call in a rollout turn (token keys, Gumbel noise, environment and injection keys) was
     ~125 dispatched ops, half of a small batch's per-turn ops (`bench/profile_turn.py`). Returns
-    whether the rule was installed (False if this JAX version lacks it: then the rolled default stays)."""
+    whether the rule was installed (False if this JAX version lacks it, with a warning that names what
+    is missing: then the rolled default stays, the same bits, slower)."""
     try:
-        from jax._src.random import threefry2x32 as impl
         from jax.extend.random import threefry2x32_p
         from jax.interpreters import mlir
 
-        mlir.register_lowering(threefry2x32_p, impl._threefry2x32_lowering_rule, platform="cpu", inline=False)
-        return True
-    except (ImportError, AttributeError):
+        rule = _unrolled_threefry_rule()
+    except ImportError as err:
+        warnings.warn(f"bmrl.sampling: threefry stays rolled on CPU: {err}", RuntimeWarning, stacklevel=2)
         return False
+    mlir.register_lowering(threefry2x32_p, rule, platform="cpu", inline=False)
+    return True
+
+
+_PRIVATE_RULE = "jax._src.random.threefry2x32._threefry2x32_lowering_rule"
+
+
+def _unrolled_threefry_rule():
+    """JAX's unrolled lowering rule of `threefry2x32_p`, the rule every platform but CPU gets: a private
+    JAX name (`_PRIVATE_RULE`), the only one bmrl reads outside `bmrl.distributed._coordination`.
+
+    No public API hands the rule out or picks CPU's threefry lowering. Checked in jax 0.10.2 (installed)
+    and 0.11.0 (its released source): `jax.extend.random` exports the primitive `threefry2x32_p`, the
+    hash `threefry_2x32` that binds it and `threefry_prng_impl`, no lowering rule; `jax.interpreters.mlir`
+    exports `register_lowering` and `lower_fun` but no rule; the one threefry lowering flag,
+    `jax_threefry_gpu_kernel_lowering`, is GPU's. Raises ImportError naming the private name when a JAX
+    release moves it (this function is then the only place to change)."""
+    try:
+        from jax._src.random import threefry2x32  # private: no public equivalent (docstring)
+
+        return threefry2x32._threefry2x32_lowering_rule
+    except (ImportError, AttributeError) as err:
+        raise ImportError(
+            f"jax {jax.__version__} has no {_PRIVATE_RULE} (jax 0.10.2 and 0.11.0 have it); "
+            "update bmrl.sampling._unrolled_threefry_rule for this JAX release"
+        ) from err
 
 
 # BMRL_ROLLED_THREEFRY=1 keeps JAX's rolled CPU lowering: the same bits, and XLA compiles it 2-3x faster

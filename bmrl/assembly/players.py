@@ -14,8 +14,8 @@
 that differs between the kinds is a method of the two: what is read before the tokenizer (`prepare`),
 the tokenizer's texts, the env and its format, how reports name the env, task splits and their summary,
 the split training-time evaluation reads, the buffer-fit checks and the SFT oracle's. `player_class`
-is the only place in bmrl that asks `env.kind`; train, SFT, evaluation, compare and reproduce use the
-protocol and never ask which kind they have.
+is the only branch on the env kind past the config (which decides it: `bmrl.config.is_python_env`);
+train, SFT, evaluation, compare and reproduce use the protocol and never ask which kind they have.
 """
 
 from __future__ import annotations
@@ -24,12 +24,12 @@ from typing import Any
 
 from bmrl.assembly.host_player import HostPlayer
 from bmrl.assembly.jax_player import JaxPlayer
-from bmrl.config import Config
+from bmrl.config import Config, is_python_env
 
 
 def player_class(cfg: Config) -> type[JaxPlayer] | type[HostPlayer]:
     """The player of the run's env kind: `HostPlayer` for `env.kind=python`, else `JaxPlayer`."""
-    return HostPlayer if cfg.env.kind == "python" else JaxPlayer
+    return HostPlayer if is_python_env(cfg) else JaxPlayer
 
 
 def split_tasks(cfg: Config, split: str, n: int | None = None, run: Any = None) -> Any:

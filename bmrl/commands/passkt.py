@@ -227,6 +227,7 @@ def _analyse(args, names, logs, ks, ts, cap) -> tuple[dict, str, dict, dict, Any
     """(passkt.json data, report.md text, CSV tables by file name, surfaces, paired difference)."""
     from bmrl.eval import audit
     from bmrl.eval.bootstrap import describe_estimator, surface_interval
+    from bmrl.eval.streams import STREAMS
 
     boot = dict(num_resamples=args.resamples, confidence=args.confidence)
     surfaces, tables, per_task = {}, {}, {}
@@ -234,7 +235,7 @@ def _analyse(args, names, logs, ks, ts, cap) -> tuple[dict, str, dict, dict, Any
                               "audit": [], "warnings": []}
     for i, (name, log) in enumerate(zip(names, logs)):
         per_task[name] = log.per_task(ks, ts)
-        s = surface_interval(per_task[name], ks, ts, key=args.seed + i, **boot)
+        s = surface_interval(per_task[name], ks, ts, key=args.seed + STREAMS["passkt_surface"] + i, **boot)
         surfaces[name] = s
         result["runs"][name] = {**log.summary(), "surface": s.to_dict()}
         tables[f"surface_{name}.csv"] = (["k", "t", "estimate", "lower", "upper"], audit.surface_rows(s))
@@ -269,7 +270,8 @@ def _analyse(args, names, logs, ks, ts, cap) -> tuple[dict, str, dict, dict, Any
         rows_a = [index_a[t] for t in shared]
         rows_b = [index_b[t] for t in shared]
         # Paired: the same resampled tasks for both runs, i.e. the bootstrap of the per-task difference.
-        diff = surface_interval(per_task[names[1]][rows_b] - per_task[names[0]][rows_a], ks, ts, key=args.seed + 100, **boot)
+        diff = surface_interval(per_task[names[1]][rows_b] - per_task[names[0]][rows_a], ks, ts,
+                                key=args.seed + STREAMS["passkt_paired_surface"], **boot)
         result["paired"] = {"difference": f"{names[1]} - {names[0]}", "shared_tasks": len(shared), "surface": diff.to_dict(),
                             "significance": diff.significance_note() or "cells whose interval excludes 0 are significant"}
         tables["difference.csv"] = (["k", "t", "difference", "lower", "upper"], audit.surface_rows(diff))

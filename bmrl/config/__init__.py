@@ -29,7 +29,7 @@ from bmrl.config.schema import (
     TrainCfg,
 )
 from bmrl.config.validate import (
-    check_caps, check_probes, check_reproduce, make_budget, validate,
+    check_caps, check_probes, check_reproduce, is_python_env, make_budget, validate,
 )
 from bmrl.config.load import build, changed_keys, load, parse_overrides, read_yaml, save, to_dict, to_yaml
 from bmrl.config.docs import DOC_BEGIN, DOC_END, schema_markdown, update_docs
@@ -37,7 +37,7 @@ from bmrl.config.docs import DOC_BEGIN, DOC_END, schema_markdown, update_docs
 __all__ = [
     "BudgetCfg", "CheckpointCfg", "Config", "ConfigError", "DataCfg", "EnvCfg", "EvalCfg", "FormatCfg", "MeshCfg", "ModelCfg",
     "OptimCfg", "ReproduceCfg", "RolloutCfg", "SFTCfg", "TrainCfg",
-    "check_caps", "check_probes", "check_reproduce", "make_budget", "validate",
+    "check_caps", "check_probes", "check_reproduce", "is_python_env", "make_budget", "validate",
     "build", "changed_keys", "load", "parse_overrides", "read_yaml", "save", "to_dict", "to_yaml",
     "DOC_BEGIN", "DOC_END", "schema_markdown", "update_docs",
 ]

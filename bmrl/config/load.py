@@ -24,7 +24,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from bmrl.config.schema import Config, ConfigError, element_hint, hint_of, section_names, type_name
-from bmrl.config.validate import validate
+from bmrl.config.validate import is_python_env, validate
 
 
 class _StrictLoader(yaml.SafeLoader):
@@ -199,7 +199,7 @@ def load(path: str | os.PathLike | None = None, overrides: list[str] | tuple[str
     to that directory.
     """
     cfg = build(read_yaml(path) if path is not None else {}, overrides)
-    if cfg.env.kind == "python":
+    if is_python_env(cfg):
         base = os.path.dirname(os.path.abspath(path)) if path is not None else os.getcwd()
         cfg.data.tasks = os.path.normpath(os.path.join(base, os.path.expanduser(cfg.data.tasks)))
         cfg.env.path = os.path.normpath(os.path.join(base, os.path.expanduser(cfg.env.path or ".")))

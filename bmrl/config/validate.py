@@ -214,6 +214,13 @@ def _env_options_error(name: str, options: dict) -> str | None:
 ENV_KINDS = ("jax", "python")
 
 
+def is_python_env(cfg: Config) -> bool:
+    """Whether `cfg`'s env is a Python one (`env.kind=python`) rather than a built-in JAX one: the one
+    place bmrl decides the env kind. `_check_env` checks each kind's keys by it, `load` anchors a Python
+    env's paths by it, `bmrl.assembly.player_class` picks the player by it."""
+    return cfg.env.kind == "python"
+
+
 def _check_python_env(cfg: Config) -> None:
     """A python-kind env: an entry that looks like `module:factory`, a task file, host settings.
     Importing the entry and reading the tasks are runtime facts (`bmrl.assembly.python_env`)."""
@@ -250,7 +257,7 @@ def _check_env(cfg: Config, max_cap: int) -> None:
 
     e = cfg.env
     _one_of("env.kind", e.kind, ENV_KINDS)
-    if e.kind == "python":
+    if is_python_env(cfg):
         return _check_python_env(cfg)
     for key, value in (("env.entry", e.entry), ("env.path", e.path), ("data.tasks", cfg.data.tasks)):
         if value is not None:

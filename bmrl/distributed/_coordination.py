@@ -1,4 +1,5 @@
-"""The coordination service's client: bmrl's one use of a private JAX name (`jax._src`), kept here.
+"""The coordination service's client: bmrl.distributed's one use of a private JAX name (`jax._src`), kept
+here (bmrl's only other one: `bmrl.sampling._unrolled_threefry_rule`, the unrolled CPU threefry lowering).
 
 Two things need the client that `jax.distributed.initialize` connects: `bmrl.distributed.barrier`
 (`wait_at_barrier`: a barrier with its own timeout and no XLA program) and

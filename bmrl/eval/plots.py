@@ -24,14 +24,19 @@ def _figure(width: float, height: float):
 
 
 def _save(fig, path: str | os.PathLike) -> str:
-    """Write `fig` to `path` (process 0 alone on a multi-process run: `bmrl.distributed.is_main`)."""
-    from bmrl.distributed import is_main
+    """Write `fig` to `path` and return the path, on every process (`bmrl reproduce` draws its figures
+    on each): process 0 alone writes (`bmrl.distributed.main_writes`). No barrier: a caller that needs
+    the file on disk for the others meets them itself (`eval.report.write_report` draws inside its
+    own `main_writes`, on process 0 alone, where a barrier would wait for processes that never come)."""
+    from bmrl.distributed import main_writes
 
     path = os.fspath(path)
-    if not is_main():
-        return path
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    fig.savefig(path)
+
+    def write() -> None:
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        fig.savefig(path)
+
+    main_writes(f"bmrl-plot-{os.path.basename(path)}", write, wait=False)
     return path
 
 

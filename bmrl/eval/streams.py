@@ -48,4 +48,7 @@ STREAMS: dict[str, int] = {
     "level": 12,  # every policy's own levels (the summary table)
     "F3_curve": 13,
     "figure_surface_difference": 14,
+    # `bmrl passkt` on logs of any harness (bmrl.commands.passkt: each + --seed)
+    "passkt_surface": 0,  # + the index of the log on the command line
+    "passkt_paired_surface": 100,  # the paired difference LOG2 - LOG
 }

@@ -274,6 +274,23 @@ def test_markdown_and_plots(tmp_path):
             assert f.read(8) == b"\x89PNG\r\n\x1a\n"
 
 
+def test_plots_are_written_by_process_0_alone(tmp_path, monkeypatch):
+    """Every process draws and gets the path back (`bmrl reproduce` draws its figures on each); only
+    process 0 writes, through `bmrl.distributed.main_writes`, and no process waits at a barrier (the
+    report draws inside its own `main_writes`, on process 0 alone)."""
+    import importlib
+
+    module = importlib.import_module("bmrl.distributed.barrier")  # the package re-exports a function of that name
+    met = []
+    monkeypatch.setattr(module, "barrier", lambda name, *a, **k: met.append(name))
+    for main in (False, True):
+        monkeypatch.setattr(module, "is_main", lambda main=main: main)
+        path = tmp_path / str(main) / "h.png"
+        assert plots.plot_surface_heatmap(np.full((2, 3), 0.5), [1, 2], [1, 2, 3], path) == str(path)
+        assert path.exists() == main
+    assert met == []
+
+
 def test_lazy_package_exports():
     import bmrl.eval as ev
 

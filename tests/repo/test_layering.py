@@ -74,8 +74,12 @@ def test_cycle_finder_finds_a_cycle():
 
 
 def test_the_env_kind_is_asked_in_one_place():
-    """Below the config (which says which keys apply to which kind), only `player_class` asks the env kind:
-    everything else that differs between a JAX and a Python env is a method of the two players."""
+    """The env kind is decided once, by `bmrl.config.is_python_env` (the config checks each kind's keys and
+    anchors a Python env's paths by it); below the config only `player_class` asks it: everything else that
+    differs between a JAX and a Python env is a method of the two players."""
     known, _ = _graph()
-    forks = [(m, line) for m, _, line in layering.forks(known) if not m.startswith("bmrl.config")]
-    assert forks == [("bmrl.assembly.players", 'return HostPlayer if cfg.env.kind == "python" else JaxPlayer')]
+    forks = [(m, line) for m, _, line in layering.forks(known)]
+    assert forks == [("bmrl.config.validate", 'return cfg.env.kind == "python"')]
+    askers = sorted(m for m, path in known.items() if not m.startswith("bmrl.config")
+                    and "is_python_env(" in path.read_text())
+    assert askers == ["bmrl.assembly.players"]
