@@ -24,6 +24,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     add_config_args(p, required=True)
     p.add_argument("--no-progress", action="store_true", help="disable the progress bar")
+    p.add_argument("--no-eval", action="store_true",
+                   help="skip the training-time Pass@(1,T) evaluations (at the start, every eval.every steps, at "
+                        "the end): for a policy evaluated elsewhere (bmrl eval), e.g. a bmrl reproduce RL stage "
+                        "resumed by hand, which evaluates in its own stage")
     p.set_defaults(func=run)
 
 
@@ -40,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
     from bmrl.train import NonFiniteError, train
 
     try:
-        summary = train(cfg, progress=False if args.no_progress else None, run=built)
+        summary = train(cfg, progress=False if args.no_progress else None, run=built, evaluate=not args.no_eval)
     except (NonFiniteError, CheckpointNonFinite, CheckpointWriteError) as err:
         print(f"bmrl train: stopped: {err}", file=sys.stderr)
         return 3
