@@ -25,10 +25,14 @@ OVERRIDES = [
 ]
 
 
+# A checkpoint at every log step (every 8 steps, keeping 2): the resume test restarts from this run's step-73 one.
+CHECKPOINTS = ["checkpoint.keep=2", "sft.checkpoint_minutes=0"]
+
+
 @pytest.fixture(scope="module")
 def sft_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("sft") / "run"
-    cfg = build({}, OVERRIDES + [f"out_dir={out}"])
+    cfg = build({}, OVERRIDES + CHECKPOINTS + [f"out_dir={out}"])
     summary, model = run_sft(cfg, log=lambda _: None, return_model=True)
     return cfg, summary, model
 
@@ -66,34 +70,29 @@ def test_outputs_load_back_identically(sft_run):
     assert again == cfg
 
 
-class Killed(Exception):
-    """Stands in for a kill: raised from SFT's progress hook right after a checkpoint."""
-
-
 def test_killed_sft_resumes_bitwise(sft_run, tmp_path, monkeypatch):
-    """An SFT run stopped after its step-41 checkpoint (of 80; saved at every log step here, keeping 2) and run again
-    resumes there, and ends exactly as the uninterrupted run (the module's): bitwise the same weights, the
-    same sft_metrics.jsonl (times aside) and summary; the steps before the checkpoint are not redone. The
+    """The module's run, killed after its step-73 checkpoint (of 80; its step-80 checkpoint, summary and policy
+    never written, its sft_metrics.jsonl holding lines past the checkpoint as a kill between checkpoints
+    leaves them), run again: it resumes at step 73, redoes only the steps after it, and ends exactly as the
+    uninterrupted run: bitwise the same weights, the same sft_metrics.jsonl (times aside) and summary. The
     evaluations, a function of the weights, are the module run's (each would compile its programs again)."""
+    import shutil
+
     import bmrl.sft
 
     cfg0, ref, ref_model = sft_run
-    cfg = build({}, OVERRIDES + [f"out_dir={tmp_path / 'run'}", "checkpoint.keep=2", "sft.checkpoint_minutes=0"])
+    out = tmp_path / "run"
+    shutil.copytree(cfg0.out_dir, out)
+    assert sorted(os.listdir(out / "checkpoints")) == ["73", "80"]
+    for name in ("checkpoints/80", "summary.json", "policy"):
+        shutil.rmtree(out / name) if (out / name).is_dir() else (out / name).unlink()
+    cfg = build({}, OVERRIDES + CHECKPOINTS + [f"out_dir={out}"])
     initial = {"greedy": {**ref["eval"]["greedy"], "success": ref["init_success_greedy"]}}
     monkeypatch.setattr(bmrl.sft, "evaluate_policy", lambda *a, **k: initial if a[6:] == (("greedy",),) else ref["eval"])
-
-    def kill(done, steps):
-        if done == 41:
-            raise Killed
-
-    with pytest.raises(Killed):
-        run_sft(cfg, log=lambda _: None, on_step=kill)
-    assert not (tmp_path / "run" / "summary.json").exists()
-    assert sorted(os.listdir(tmp_path / "run" / "checkpoints")) == ["33", "41"]
     lines = []
     summary, model = run_sft(cfg, log=lines.append, return_model=True)
-    assert any(line.startswith("sft: resumed from ") and line.endswith("at step 41") for line in lines), lines
-    assert [int(line.split()[2]) for line in lines if line.startswith("sft step")] == [48, 56, 64, 72, 79]  # 41.. only
+    assert any(line.startswith("sft: resumed from ") and line.endswith("at step 73") for line in lines), lines
+    assert [int(line.split()[2]) for line in lines if line.startswith("sft step")] == [79]  # 73.. only
     a, b = nnx.state(ref_model, nnx.Param), nnx.state(model, nnx.Param)
     for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
