@@ -173,7 +173,7 @@ def test_cli_full_disk_outside_a_checkpoint_exits_3(tmp_path, monkeypatch, capsy
     import bmrl.train
     from bmrl.cli import main
 
-    def full(cfg, progress=None, run=None):
+    def full(cfg, progress=None, run=None, evaluate=True):
         raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "run" / "metrics.jsonl"))
 
     monkeypatch.setattr(bmrl.train, "train", full)
@@ -182,7 +182,7 @@ def test_cli_full_disk_outside_a_checkpoint_exits_3(tmp_path, monkeypatch, capsy
     assert main(args) == 3
     err = capsys.readouterr().err
     assert "no space left on device writing" in err and "metrics.jsonl" in err and "resume" in err
-    monkeypatch.setattr(bmrl.train, "train", lambda cfg, progress=None, run=None: _eacces())
+    monkeypatch.setattr(bmrl.train, "train", lambda cfg, progress=None, run=None, evaluate=True: _eacces())
     with pytest.raises(OSError, match="Permission"):
         main(args)
 

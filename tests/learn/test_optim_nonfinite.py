@@ -55,7 +55,7 @@ def test_cli_diverged_run_exits_3_naming_step_and_checkpoint(tmp_path, capsys, m
         main(["train", "--config", str(cfg), f"out_dir={tmp_path / 'refused'}", "train.optim.lr=1e39"])
     assert refused.value.code == 2 and not (tmp_path / "refused").exists()
 
-    def diverge(cfg, progress=None, run=None):
+    def diverge(cfg, progress=None, run=None, evaluate=True):
         raise bmrl.train.NonFiniteError("stopping at step 1: 1 non-finite updates in a row. Last good checkpoint: none.")
 
     monkeypatch.setattr(bmrl.train, "train", diverge)
