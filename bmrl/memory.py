@@ -207,8 +207,13 @@ class MemoryPlan:
         return self.params + self.reference + self.opt_state + max(self.kv_cache, self.grads + self.activations)
 
     @property
+    def usable(self) -> int:
+        """Bytes of a device a plan may use: HEADROOM of its capacity (XLA workspace, fragmentation)."""
+        return int(HEADROOM * self.capacity)
+
+    @property
     def fits(self) -> bool:
-        return self.peak <= HEADROOM * self.capacity
+        return self.peak <= self.usable
 
     def table(self) -> str:
         gib = lambda n: f"{n / GIB:9.3f} GiB"  # noqa: E731

@@ -61,25 +61,32 @@ class MeshConfig:
     tensor: int = 1
 
 
-def make_mesh(cfg: MeshConfig = MeshConfig(), devices: Sequence[jax.Device] | None = None) -> Mesh:
-    """A Mesh with axes (data, fsdp, tensor) over `devices` (default: all devices)."""
-    devices = list(jax.devices() if devices is None else devices)
-    sizes = [cfg.data, cfg.fsdp, cfg.tensor]
+def mesh_shape(cfg: Any, devices: int) -> dict[str, int]:
+    """The axis sizes {data, fsdp, tensor} of `cfg` (a `MeshConfig` or the config's `mesh` section) on `devices`
+    devices, the -1 axis taking the rest; ValueError naming the problem when they cannot form them."""
+    sizes = [int(cfg.data), int(cfg.fsdp), int(cfg.tensor)]
     if sizes.count(-1) > 1:
         raise ValueError(f"At most one mesh axis may be -1, got data={cfg.data}, fsdp={cfg.fsdp}, tensor={cfg.tensor}.")
     if any(s == 0 or s < -1 for s in sizes):
         raise ValueError(f"Mesh axis sizes must be >= 1 (or -1 for the rest), got {sizes}.")
     known = math.prod(s for s in sizes if s != -1)
     if -1 in sizes:
-        if len(devices) % known:
-            raise ValueError(f"{len(devices)} devices cannot be split into axes {dict(zip(AXES, sizes))}.")
-        sizes[sizes.index(-1)] = len(devices) // known
-    if math.prod(sizes) != len(devices):
+        if devices % known:
+            raise ValueError(f"{devices} devices cannot be split into axes {dict(zip(AXES, sizes))}.")
+        sizes[sizes.index(-1)] = devices // known
+    if math.prod(sizes) != devices:
         raise ValueError(
-            f"Mesh {dict(zip(AXES, sizes))} needs {math.prod(sizes)} devices but {len(devices)} are "
+            f"Mesh {dict(zip(AXES, sizes))} needs {math.prod(sizes)} devices but {devices} are "
             "available; make the product of the axis sizes equal the device count (or use -1)."
         )
-    return Mesh(np.asarray(devices).reshape(sizes), AXES)
+    return dict(zip(AXES, sizes))
+
+
+def make_mesh(cfg: MeshConfig = MeshConfig(), devices: Sequence[jax.Device] | None = None) -> Mesh:
+    """A Mesh with axes (data, fsdp, tensor) over `devices` (default: all devices)."""
+    devices = list(jax.devices() if devices is None else devices)
+    sizes = mesh_shape(cfg, len(devices))
+    return Mesh(np.asarray(devices).reshape(list(sizes.values())), AXES)
 
 
 def _shape(leaf: Any) -> tuple[int, ...]:

@@ -231,8 +231,8 @@ class Plan:
 
     @property
     def usable(self) -> int:
-        """Bytes of a device the plan may use: HEADROOM of its capacity (XLA workspace, fragmentation)."""
-        return int(HEADROOM * self.memory.capacity)
+        """Bytes of a device the plan may use (`MemoryPlan.usable`)."""
+        return self.memory.usable
 
     @property
     def margin(self) -> int:
@@ -341,17 +341,14 @@ def policy_model_config(cfg: Any) -> Any:
 
 
 def mesh_axes(mesh_cfg: Any, devices: int) -> dict[str, int] | None:
-    """The mesh section's axis sizes on `devices` devices (-1 takes the rest), or None when they cannot form it."""
-    from bmrl.parallel import AXES
+    """The mesh section's axis sizes on `devices` devices (-1 takes the rest: `bmrl.parallel.mesh_shape`, as
+    `make_mesh` forms them), or None when they cannot form it."""
+    from bmrl.parallel import mesh_shape
 
-    sizes = {a: int(getattr(mesh_cfg, a)) for a in AXES}
-    known = math.prod(v for v in sizes.values() if v != -1)
-    free = [a for a, v in sizes.items() if v == -1]
-    if len(free) > 1 or devices % known:
+    try:
+        return mesh_shape(mesh_cfg, devices)
+    except ValueError:
         return None
-    if free:
-        sizes[free[0]] = devices // known
-    return sizes if math.prod(sizes.values()) == devices else None
 
 
 def _optimizer(cfg: Any) -> Any:
