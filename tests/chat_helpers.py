@@ -1,9 +1,11 @@
-"""Tiny tokenizers with real chat templates, a steered Qwen2 policy that replies in chains of tokens,
-and the conversation of a rollout rebuilt from its decoded turns."""
+"""Tiny tokenizers with real chat templates, tokenizers of a real model's vocabulary size (its special tokens at
+their ids), a steered Qwen2 policy that replies in chains of tokens, and the conversation of a rollout rebuilt
+from its decoded turns."""
 
 from __future__ import annotations
 
 import functools
+import json
 import tempfile
 
 import numpy as np
@@ -133,6 +135,58 @@ def chat_tokenizer(style: str | None, tags: bool = True):
     path = tempfile.mkdtemp(prefix=f"bmrl_chat_{style}_")
     save_tokenizer(tok, path)
     return load_tokenizer(path)
+
+
+@functools.lru_cache(maxsize=None)
+def _real_texts() -> tuple[str, ...]:
+    from bmrl.envs import corpus
+    from bmrl.envs.python.tools import INSTRUCTIONS, USAGE
+
+    return (*corpus(observations=False), INSTRUCTIONS, USAGE, reply_instructions("think_answer"),
+            "system user assistant model")
+
+
+@functools.lru_cache(maxsize=None)
+def real_vocab_tokenizer(style: str, length: int, ids: tuple[tuple[str, int], ...], named: tuple[tuple[str, str], ...],
+                         merges: int = 2048):
+    """A byte-level BPE of `length` tokens with `style`'s chat template and a real model's special tokens at
+    their real ids (`ids`: (token, id) pairs; `named`: ("bos_token", token) pairs), saved to a local directory
+    and reloaded with AutoTokenizer, as the real model's would be.
+
+    The texts every env and the tool env speak are learnt as `merges` BPE tokens at the lowest free ids; the
+    other ids are filler tokens ("<fill_N>") that no text encodes to but a random model samples and decodes.
+    Built in about 2 s, no download; the pre-tokenizer is byte-level for every style (Gemma's own is
+    SentencePiece's), so texts split differently from the real model's, but ids, length and turns are its.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(list(_real_texts()), trainer=trainers.BpeTrainer(
+        vocab_size=256 + merges, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
+    spec = json.loads(tok.to_str())
+    learnt = sorted(spec["model"]["vocab"], key=spec["model"]["vocab"].get)
+    special = dict(ids)
+    if len(learnt) + len(special) > length or max(special.values()) >= length:
+        raise ValueError(f"{length} tokens cannot hold {len(learnt)} learnt and {len(special)} special ones")
+    free = iter(i for i in range(length) if i not in special.values())
+    vocab = {token: next(free) for token in learnt} | {f"<fill_{i}>": i for i in free} | special
+    assert sorted(vocab.values()) == list(range(length)), "ids are 0..length-1, each once"
+    spec["model"]["vocab"] = vocab
+    fast = PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(json.dumps(spec)),
+                                   clean_up_tokenization_spaces=False)
+    named = dict(named)
+    fast.add_special_tokens(named)  # in the vocabulary already: they keep their ids
+    others = [t for t in special if t not in named.values()]
+    fast.add_special_tokens({"additional_special_tokens": others}, replace_extra_special_tokens=False)
+    fast.chat_template = STYLES[style][0]
+    path = tempfile.mkdtemp(prefix=f"bmrl_real_{style}_")
+    save_tokenizer(fast, path)
+    loaded = load_tokenizer(path)
+    assert len(loaded) == length and all(loaded.convert_tokens_to_ids(t) == i for t, i in special.items()), style
+    return loaded
 
 
 def reply_chains(env, fmt, tokenizer, thoughts=("I go.", "Next move now."), missing_weight=0.9):

@@ -243,3 +243,22 @@ def test_every_family_trains(family, kind, tmp_path, monkeypatch):
     assert len(losses) == 2 and np.isfinite(losses).all()
     saved = json.loads((tmp_path / "run" / "policy" / "config.json").read_text())
     assert saved["model_type"] == family and saved["sliding_window"] == 8
+
+
+@pytest.mark.parametrize("name", ["gym_frozenlake.yaml", "python_env.yaml"])
+def test_shipped_python_env_config_trains(name, tmp_path, capsys):
+    """The shipped Python-env configs (Gymnasium's FrozenLake through GymText; the built-in tool env) train one
+    step and evaluate, shrunk by overrides of steps and rows only."""
+    from tests.paths import REPO
+
+    out = tmp_path / "run"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert main(["train", "--config", str(REPO / "configs" / name), f"out_dir={out}", "train.steps=1",
+                     "train.tasks_per_step=2", "train.group_size=2", "train.minibatches=1", "eval.num_tasks=2",
+                     "eval.attempts=1", "eval.ks=[1]", "checkpoint.every=1", "--no-progress"]) == 0
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    (step,) = [r for r in records if "train/loss" in r]
+    assert np.isfinite(step["train/loss"]) and step["rollout/tokens"] > 0
+    assert "memory plan per device" in capsys.readouterr().out
+    assert (out / "policy" / "model.safetensors").is_file() and (out / "checkpoints" / "1").is_dir()
