@@ -385,6 +385,13 @@ class RunShapes:
     microbatches: int  # train.microbatches (each minibatch's rows split into this many)
     remat: bool  # train.remat
     kl_reference: bool  # train.kl_coef > 0: a KL term to the starting policy
+    turn_rows: int = 1  # learner rows per rollout row: 1, or rollout.max_turns with a history window (a row per turn)
+
+    @property
+    def learner_rows(self) -> int:
+        """Rows the update trains on: the batch's, or with a history window one per turn of each (minibatches of
+        `minibatch_rows` rows still: memory stays that of one minibatch, time grows with the turns)."""
+        return self.batch_rows * self.turn_rows
 
     @classmethod
     def of(cls, cfg: Any) -> RunShapes:
@@ -398,7 +405,7 @@ class RunShapes:
                               f"(tasks_per_step x group_size / minibatches), got {t.microbatches}.")
         return cls(batch, (t.tasks_per_step + t.oversample) * t.group_size,  # dynamic sampling plays more
                    cfg.eval.num_tasks * len(cfg.eval.ts), cfg.rollout.max_len, mb, t.microbatches, t.remat,
-                   t.kl_coef > 0)
+                   t.kl_coef > 0, 1 if cfg.rollout.history_turns is None else cfg.rollout.max_turns)
 
     @property
     def kv_rows(self) -> int:

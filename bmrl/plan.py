@@ -256,7 +256,8 @@ class Plan:
             + (f" + {self.adapter_params / 1e6:.2f}M of LoRA rank {self.lora_rank}" if self.lora_rank else "")
             + f"; {c.param_dtype} parameters, {c.dtype} compute (activations, KV cache)",
             f"  rows      rollout {s.rollout_rows} x {s.max_len} tokens (an evaluation rollout: {s.eval_rows}); update "
-            f"{s.batch_rows} rows x {self.epochs} epoch{'s' if self.epochs > 1 else ''}",
+            + (f"{s.batch_rows} x {s.turn_rows} turn rows" if s.turn_rows > 1 else f"{s.batch_rows} rows")
+            + f" x {self.epochs} epoch{'s' if self.epochs > 1 else ''}",
             f"            in minibatches of {s.minibatch_rows}"
             + (f" split into {s.microbatches} micro-batches" if s.microbatches > 1 else "")
             + f": {micro_rows} row{'s' if micro_rows > 1 else ''} per device at a time"
@@ -414,8 +415,13 @@ def step_time(mcfg: Any, axes: dict[str, int], hardware: Hardware, a: Assumption
     devices = math.prod(axes.values())
     flops_per_s = devices * hardware.peak_flops * a.mfu
     length = shapes.max_len
-    decode_steps = min(min(cfg.rollout.max_turns, max_cap) * cfg.rollout.max_reply_tokens, length)
-    prefill_tokens = length - decode_steps
+    turns = min(cfg.rollout.max_turns, max_cap)
+    if shapes.turn_rows == 1:
+        decode_steps = min(turns * cfg.rollout.max_reply_tokens, length)
+        prefill_tokens = length - decode_steps
+    else:  # a history window: every turn decodes its reply and re-prefills the window (at most the buffer)
+        decode_steps = turns * cfg.rollout.max_reply_tokens
+        prefill_tokens = turns * max(length - cfg.rollout.max_reply_tokens, 0)
     rows = math.ceil(shapes.rollout_rows / (axes["data"] * axes["fsdp"]))
     per_token = forward_flops(mcfg, matmul_params, a.kv_fill * length)
     kv = memory_lib.kv_cache_bytes(mcfg, axes, shapes.rollout_rows, length)
@@ -424,7 +430,7 @@ def step_time(mcfg: Any, axes: dict[str, int], hardware: Hardware, a: Assumption
     step = max(decode_bytes / (hardware.bandwidth * a.bandwidth_share), decode_flops / (hardware.peak_flops * a.mfu))
     prefill_flops = shapes.rollout_rows * prefill_tokens * per_token
     factor = (2 if lora else 3) + int(shapes.remat) + int(shapes.kl_reference)
-    tokens = cfg.train.epochs * shapes.batch_rows * length
+    tokens = cfg.train.epochs * shapes.learner_rows * length
     learner_flops = tokens * factor * forward_flops(mcfg, matmul_params, length)
     return StepTime(decode_steps, prefill_tokens, rows, decode_bytes, decode_flops, decode_steps * step, prefill_flops,
                     prefill_flops / flops_per_s, tokens, factor, learner_flops, learner_flops / flops_per_s)

@@ -108,9 +108,11 @@ def _stage_configs(cfg: Config, seed: int) -> tuple[Config, dict[str, Config], C
     base_dir = os.path.join(sft_cfg.out_dir, "policy")
     rl_cfgs = {}
     for name in rep.variants:
-        process = {"train": {"process_coef": float(rep.process[name])}} if name in rep.process else {}
+        train = ({"process_coef": float(rep.process[name])} if name in rep.process else {}) | (
+            {"advantage": rep.advantage[name]} if name in rep.advantage else {})
         rl_cfgs[name] = stage_config(cfg, seed, os.path.join(sdir, name), model={"path": base_dir},
-                                     budget=to_dict(cfg)["reproduce"]["variants"][name], data=data, **process)
+                                     budget=to_dict(cfg)["reproduce"]["variants"][name], data=data,
+                                     **({"train": train} if train else {}))
     return sft_cfg, rl_cfgs, stage_config(cfg, seed, os.path.join(sdir, "eval"), data=data)
 
 

@@ -37,7 +37,7 @@ from bmrl.assembly.learner import Learner
 from bmrl.checkpoint import Checkpointer
 from bmrl.config import Config, to_dict
 from bmrl.eval.run import evaluate_config
-from bmrl.learn.demos import longest_reply
+from bmrl.learn.demos import longest_reply, windowed_rows
 from bmrl.learn.optim import optimizer_from_config
 from bmrl.learn.sft import demo_stats, make_sft_step
 from bmrl.learn.step import DROPOUT_STREAM, init_opt_state
@@ -120,7 +120,9 @@ def _fit(cfg: Config, run: Run, policy, demos_at: Callable, out_dir: str, log: C
     tx = optimizer_from_config(s.optim, s.steps)
     learner, params = Learner.of(policy, cfg)  # LoRA: the adapters train, the base is a frozen input of the step
     opt_state = init_opt_state(tx, params)  # distinct buffers: the step donates them
-    max_targets = s.demo_turns * (longest_reply(run.env, run.fmt, cfg.rollout.max_reply_tokens) + 1)  # reply + stop
+    window = cfg.rollout.history_turns  # each turn its own row, in the contexts a windowed rollout builds
+    to_rows = jax.jit(windowed_rows, static_argnums=(1, 2))
+    max_targets = (1 if window else s.demo_turns) * (longest_reply(run.env, run.fmt, cfg.rollout.max_reply_tokens) + 1)
     step_fn = make_sft_step(learner.graphdef, tx, max_targets)
     dropout_key = jax.random.fold_in(jax.random.key(cfg.seed), DROPOUT_STREAM)  # LoRA dropout draws: (seed, step)
     t_train, log_every = time.time(), max(1, s.steps // 10)
@@ -138,7 +140,8 @@ def _fit(cfg: Config, run: Run, policy, demos_at: Callable, out_dir: str, log: C
         for step in range(start, s.steps):
             d = demos_at(step)
             drop = jax.random.fold_in(dropout_key, step) if learner.dropout else None
-            params, opt_state, m = step_fn(params, opt_state, d.tokens, d.length, d.loss_mask, learner.base, drop)
+            rows = (d.tokens, d.length, d.loss_mask) if window is None else to_rows(d, window, cfg.rollout.max_len)
+            params, opt_state, m = step_fn(params, opt_state, *rows, learner.base, drop)
             pending.append((step, m))
             if step % log_every == 0 or step == s.steps - 1:
                 elapsed = round(time.time() - t_train, 3)
@@ -184,7 +187,8 @@ def run_sft(cfg: Config, *, log: Callable[[str], Any] = print, return_model: boo
     env, fmt, player = run.env, run.fmt, run.player
     player.check_demos()  # a Python env must name its oracle's next action
     cap = fitting_cap(cfg, env, fmt, run.budget.max_cap)  # the largest training cap that fits
-    demo_len = player.demo_len(s.demo_turns, cfg.rollout.max_len)
+    windowed = cfg.rollout.history_turns is not None  # then whole demos are laid out, then cut into windows
+    demo_len = player.demo_len(s.demo_turns, 1 << 30 if windowed else cfg.rollout.max_len)
     rundir.write_config(cfg)
     train, test = player.tasks("train"), player.tasks("test", cfg.eval.num_tasks)
     key = jax.random.key(cfg.seed)

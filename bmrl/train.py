@@ -109,6 +109,7 @@ def make_evaluator(graphdef, run, cfg, tasks, mesh):
 
 def _rollout_stats(traj) -> dict:
     acted = jnp.maximum(traj.turn_active.sum(), 1)
+    rows = step_lib.learning_rows(traj)  # the sequences the learner reads (per-turn samples with a history window)
     return dict(
         success=traj.success.mean(),
         turns_used=traj.turns_used.mean(),
@@ -118,8 +119,8 @@ def _rollout_stats(traj) -> dict:
         format_error_rate=(traj.format_error & traj.turn_active).sum() / acted,  # no answer (format.kind)
         truncated=traj.truncated.mean(),
         overflow=traj.overflow.mean(),
-        tokens=traj.length.sum(),
-        sampled_tokens=traj.loss_mask.sum(),
+        tokens=rows["length"].sum(),
+        sampled_tokens=rows["loss_mask"].sum(),
     )
 
 

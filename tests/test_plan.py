@@ -23,34 +23,7 @@ from bmrl.memory import GIB, activation_bytes, plan_for_config
 from bmrl.model import ModelConfig
 from bmrl.parallel import MeshConfig, make_mesh
 from tests.paths import REPO
-
-# The config.json fields of the real models the configs name (public Hugging Face configs; no weights needed).
-QWEN2_5_0_5B = dict(architectures=["Qwen2ForCausalLM"], model_type="qwen2", vocab_size=151936, hidden_size=896,
-                    intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
-                    max_position_embeddings=32768, rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True,
-                    hidden_act="silu", sliding_window=32768, use_sliding_window=False, max_window_layers=21)
-ARCH = {
-    "qwen2_5_0_5b_sokoban.yaml": QWEN2_5_0_5B,
-    "qwen_tools.yaml": QWEN2_5_0_5B,
-    "qwen3_0_6b_sokoban.yaml": dict(
-        architectures=["Qwen3ForCausalLM"], model_type="qwen3", vocab_size=151936, hidden_size=1024,
-        intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8, head_dim=128,
-        max_position_embeddings=40960, rope_theta=1000000, rms_norm_eps=1e-6, tie_word_embeddings=True,
-        attention_bias=False, hidden_act="silu", sliding_window=None, use_sliding_window=False, max_window_layers=28),
-    "llama3_2_1b_toolchain.yaml": dict(
-        architectures=["LlamaForCausalLM"], model_type="llama", vocab_size=128256, hidden_size=2048,
-        intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8, head_dim=64,
-        max_position_embeddings=131072, rope_theta=500000.0, rms_norm_eps=1e-5, tie_word_embeddings=True,
-        rope_scaling=dict(factor=32.0, high_freq_factor=4.0, low_freq_factor=1.0,
-                          original_max_position_embeddings=8192, rope_type="llama3"),
-        attention_bias=False, mlp_bias=False, hidden_act="silu"),
-    "gemma3_1b_tools.yaml": dict(
-        architectures=["Gemma3ForCausalLM"], model_type="gemma3_text", vocab_size=262144, hidden_size=1152,
-        intermediate_size=6912, num_hidden_layers=26, num_attention_heads=4, num_key_value_heads=1, head_dim=256,
-        max_position_embeddings=32768, rope_theta=1000000, rope_local_base_freq=10000, rms_norm_eps=1e-6,
-        sliding_window=512, sliding_window_pattern=6, query_pre_attn_scalar=256, attn_logit_softcapping=None,
-        final_logit_softcapping=None, hidden_activation="gelu_pytorch_tanh", attention_bias=False),
-}
+from tests.real_models import ARCH  # the published config.json values of the real models the configs name
 
 # A tiny experiment (a 2-layer decoder from scratch on the corridor), planned in milliseconds.
 TINY = dict(
@@ -156,6 +129,15 @@ def test_tiny_model_by_hand(monkeypatch):
                           bandwidth_share=0.25, mcfg=mcfg)
     assert remat.time.learner_factor == 5 and remat.memory.reference == 4 * P  # + a forward each, + the KL copy
     assert "P = 0.0M parameters" in p.table() and "FITS" in p.table()
+
+    # A history window of 1 turn (2 turns at once fit the same 32 tokens): the same memory (a minibatch of rows of
+    # the buffer), a row per turn for the learner, and every turn decodes its reply and re-prefills the window.
+    window = plan_lib.plan(config_lib.build([TINY, dict(rollout=dict(history_turns=1))]), toy, mfu=0.5,
+                           bandwidth_share=0.25, mcfg=mcfg)
+    w = window.time
+    assert window.memory.peak == m.peak and window.shapes.learner_rows == 2 * p.shapes.learner_rows
+    assert (w.decode_steps, w.prefill_tokens, w.learner_tokens) == (steps, 2 * (L - 4), 2 * rows * L)
+    assert "update 4 x 2 turn rows x 1 epoch" in window.table()
 
 
 # ---------------------------------------------------------------- (c) does not fit -> a knob that fits

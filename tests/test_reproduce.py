@@ -164,6 +164,32 @@ def test_pipeline_verdicts_from_real_evaluations(rep, scripted):
             assert v[k]["rule"] == RULES[k] and v[k]["sentence"].startswith(f"{k}: ")
             assert ("as the study found" in v[k]["sentence"]) == (v[k]["verdict"] == "as_study")
 
+def test_a_variant_with_another_advantage_gets_f1s_rule_too(rep, scripted):
+    """`reproduce.advantage` marks a variant trained with another estimator (GiGPO): F1's rule is applied to its own
+    gains, as to the generous budget's: a policy equal to the base is inconclusive, one that recovers from its
+    errors (a gain at the large T, none possible at the smallest) is as the study found; the report says which."""
+    import dataclasses
+
+    from bmrl.study.findings import f1_finding, pool, study_findings, unit_metrics
+
+    noisy = scripted[BASE]
+    results = {BASE: noisy, "fixed_long": noisy, "fixed_short": noisy, "budgetmix": scripted["fixed_long"]}
+    pooled = pool([{n: unit_metrics(r) for n, r in results.items()}], list(results))
+    credit = dataclasses.replace(rep, advantage={"budgetmix": "gigpo", "fixed_short": "gigpo"})
+    study = study_findings(pooled, [results], list(results), (1, 4), (4, 5, 8), credit, resamples=200)
+    k1 = 0
+    want = f1_finding(pooled[BASE]["surface"][:, k1, :], {"budgetmix": pooled["budgetmix"]["surface"][:, k1, :]},
+                      (4, 5, 8), main="budgetmix", small_t=credit.small_t, num_resamples=200)
+    got = study.advantage_f1
+    assert {n: f.verdict.verdict for n, f in got.items()} == {"budgetmix": "as_study", "fixed_short": "inconclusive"}
+    assert got["budgetmix"].intervals == want.intervals
+    assert study.to_dict()["advantage_F1"]["budgetmix"]["verdict"] == "as_study"
+    sentences = finding_sentences(study, credit)
+    assert len(sentences) == 5 and "with gigpo advantages (budgetmix)" in sentences[3]
+    assert "F1's rule: as_study" in sentences[3] and "F1's rule: inconclusive" in sentences[4]
+    assert "advantage_F1" not in study_findings(pooled, [results], list(results), (1, 4), (4, 5, 8), rep, 200).to_dict()
+
+
 INTERVAL = re.compile(r"([+-]?\d+\.\d{3}) \[([+-]?\d+\.\d{3}), ([+-]?\d+\.\d{3})\]")
 
 

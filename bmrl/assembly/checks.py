@@ -12,14 +12,27 @@ from bmrl.budget import cap_range
 from bmrl.config import Config, ConfigError
 from bmrl.learn.demos import demo_tokens_needed
 from bmrl.rollout.scripts import NEXT_ORACLE
+from bmrl.rollout.types import held_turns
 
 
 def fitting_cap(cfg: Config, env, fmt, cap: int) -> int:
     """The largest cap <= `cap` whose worst-case conversation fits `rollout.max_len` (0 if none)."""
     r = cfg.rollout
-    while cap > 0 and fmt.tokens_needed(cap, env.max_obs_len, r.max_reply_tokens) > r.max_len:
+    while cap > 0 and _tokens_needed(cfg, env, fmt, cap) > r.max_len:
         cap -= 1
     return cap
+
+
+def _tokens_needed(cfg: Config, env, fmt, cap: int) -> int:
+    """The worst-case buffer of a `cap`-turn episode: the turns one context holds (`held_turns`), every reply
+    at its token limit."""
+    return fmt.tokens_needed(held_turns(cap, cfg.rollout.history_turns), env.max_obs_len, cfg.rollout.max_reply_tokens)
+
+
+def _window(cfg: Config, cap: int) -> str:
+    """How a history window shortens the context of a `cap`-turn episode, for messages ("" without one)."""
+    held = held_turns(cap, cfg.rollout.history_turns)
+    return "" if held == cap else f" with a history window of {cfg.rollout.history_turns} ({held} turns at once)"
 
 
 def check_reply(cfg: Config, env, fmt, action: str = "action") -> None:
@@ -91,24 +104,26 @@ def check_buffer(cfg: Config, env, fmt, budget) -> list[str]:
     r = cfg.rollout
     check_reply(cfg, env, fmt)
     smallest = min(cap_range(budget)[0], min(cfg.eval.ts))
-    need = fmt.tokens_needed(smallest, env.max_obs_len, r.max_reply_tokens)
+    need = _tokens_needed(cfg, env, fmt, smallest)
     if need > r.max_len:
         raise ConfigError(
             "rollout.max_len",
-            f"{r.max_len} cannot hold even the smallest cap: {smallest} turn(s) of {env.name} need up to {need} "
+            f"{r.max_len} cannot hold even the smallest cap: {smallest} turn(s) of {env.name}{_window(cfg, smallest)} "
+            f"need up to {need} "
             f"tokens (prompt {fmt.first_chunk_len(env.max_obs_len)}, {r.max_reply_tokens} per reply, "
             f"{fmt.turn_chunk_len(env.max_obs_len) - 1} per observation); raise rollout.max_len to >= {need}.",
         )
     problems = []
     largest = max(cap_range(budget)[1], max(cfg.eval.ts))
-    need = fmt.tokens_needed(largest, env.max_obs_len, r.max_reply_tokens)
+    need = _tokens_needed(cfg, env, fmt, largest)
     if need > r.max_len:
         problems.append(
-            f"rollout.max_len={r.max_len} may not hold the largest cap: {largest} turns of {env.name} need up "
+            f"rollout.max_len={r.max_len} may not hold the largest cap: {largest} turns of {env.name}"
+            f"{_window(cfg, largest)} need up "
             f"to {need} tokens in the worst case ({fitting_cap(cfg, env, fmt, largest)} turns always fit); "
             f"longer episodes stop early (overflow). Raise rollout.max_len to {need} to rule it out."
         )
-    need = demo_tokens_needed(env, fmt, cfg.sft.demo_turns)
+    need = demo_tokens_needed(env, fmt, held_turns(cfg.sft.demo_turns, r.history_turns))
     if need > r.max_len:
         problems.append(
             f"rollout.max_len={r.max_len} may not hold a {cfg.sft.demo_turns}-turn demonstration (up to {need} "

@@ -47,7 +47,7 @@ def rollout_config(cfg: Config, for_eval: bool = False):
         max_len=r.max_len,
         sampling=SamplingConfig(temperature=temperature, top_k=r.top_k, top_p=r.top_p),
         compact_min_rows=platform_default("compact_min_rows", r.compact_min_rows), compact_steps=r.compact_steps,
-        attention_block=platform_default("attention_block", r.attention_block),
+        attention_block=platform_default("attention_block", r.attention_block), history_turns=r.history_turns,
     )
 
 

@@ -96,6 +96,7 @@ class RolloutCfg:
     compact_min_rows: int | None = None  # finished rows leave the batch: turns played in chunks of at least this many rows (0 = off; null = 16 on CPU, off on GPU/TPU, where each chunk re-reads the weights)
     compact_steps: int = 4  # the batch splits into at most this many chunks; only chunks with live rows play (one compile)
     attention_block: int | None = None  # keys per attention block over the KV cache (0 = whole buffer; null = 64 on CPU, 256 on GPU/TPU: the fastest measured on each)
+    history_turns: int | None = None  # a history window: each turn sees the prompt and the last H turns, max_len need hold only H + 1 turns, and each turn trains as its own sample (null = the whole episode; JAX envs only)
 
 
 @dataclass
@@ -230,6 +231,7 @@ class ReproduceCfg:
     probe_noise: float = EvalSettings.probe_noise  # noise of the oracle whose states form the decision-accuracy probe set; also bmrl eval's (--probe-noise)
     window: int = EvalSettings.window  # turns allowed to get back on track after an error; also bmrl eval's (--window)
     process: dict[str, float] = field(default_factory=dict)  # variant -> train.process_coef: RL with a step reward from the env's (privileged) progress
+    advantage: dict[str, str] = field(default_factory=dict)  # variant -> train.advantage: RL with another advantage estimator (gigpo: step-level credit from the turns of a task's rollouts that share a state); F1's rule is applied to each such variant too
 
 
 @dataclass

@@ -171,6 +171,12 @@ def check_reproduce(cfg: Config) -> dict:
         if name not in rep.variants:
             raise ConfigError(f"reproduce.process.{name}", f"is not a variant; variants are {sorted(rep.variants)}.")
         _in_range(f"reproduce.process.{name}", float(coef), 0, 10, lo_open=True)
+    from bmrl.learn import ADVANTAGES
+
+    for name, estimator in rep.advantage.items():
+        if name not in rep.variants:
+            raise ConfigError(f"reproduce.advantage.{name}", f"is not a variant; variants are {sorted(rep.variants)}.")
+        _one_of(f"reproduce.advantage.{name}", estimator, tuple(ADVANTAGES))
     for name, b in rep.variants.items():
         if name == "base" or not name.replace("_", "").replace("-", "").isalnum():
             raise ConfigError(f"reproduce.variants.{name}", "variant names are letters, digits, '_' or '-', and not 'base'.")
@@ -241,6 +247,9 @@ def _check_python_env(cfg: Config) -> None:
     if e.name != EnvCfg().name:
         raise ConfigError("env.name", f"names a built-in JAX env ({e.name!r}); with env.kind=python the environment is "
                           "env.entry: remove env.name.")
+    if cfg.rollout.history_turns is not None:
+        raise ConfigError("rollout.history_turns", f"{cfg.rollout.history_turns}: a history window runs in the compiled "
+                          "loop of JAX envs only; a Python env keeps the whole episode: set it null.")
     if e.show_budget:
         raise ConfigError("env.show_budget", "applies to JAX envs (they render the cap); with env.kind=python "
                           "set it false and show the budget from your environment if it should see one.")
@@ -377,7 +386,7 @@ def validate(cfg: Config) -> None:
     if r.temperature < 0:
         raise ConfigError("rollout.temperature", f"must be >= 0 (0 = greedy), got {r.temperature}.")
     _positive(r, "rollout", ("top_k", "compact_min_rows", "attention_block"), minimum=0)
-    _positive(r, "rollout", ("compact_steps",))
+    _positive(r, "rollout", ("compact_steps", "history_turns"))
     _in_range("rollout.top_p", r.top_p, 0, 1, lo_open=True)
     _check_format(cfg.format)
     e = cfg.eval

@@ -9,9 +9,10 @@ where B = tasks * group_size and the members of a task's group are contiguous
 Python int (static under jit). `token_advantages` then broadcasts them onto the policy tokens.
 
 Trajectory estimators, marked by `@trajectory_estimator`, need more than one reward per sequence
-(per-turn rewards, the observations) and give token advantages themselves:
+(per-turn rewards, the observations) and give one advantage per turn, which the learner gives to the
+tokens sampled in that turn (`spread_to_tokens`):
 
-    fn(traj: Trajectory, group_size: int, **options) -> advantages: [B, L]
+    fn(traj: Trajectory, group_size: int, **options) -> advantages: [B, Tm]
 
 `ADVANTAGES` holds both kinds under one set of names (`train.advantage`); `takes_trajectory(fn)`
 tells them apart. GiGPO (`bmrl.learn.gigpo`) is one.
@@ -228,11 +229,19 @@ def process_advantages(
     given) are discounted with `gamma` into returns-to-go, whitened over the batch's active turns
     when `normalize`, and each turn's value is given to the tokens the policy sampled in it.
     """
+    values = process_turn_values(progress, turn_active, gamma=gamma, outcome=outcome, normalize=normalize)
+    return spread_to_tokens(values, turn_of_token, loss_mask)
+
+
+def process_turn_values(
+    progress: Array, turn_active: Array, *, gamma: float = 1.0, outcome: Array | None = None, normalize: bool = True
+) -> Array:
+    """The per-turn values [B, Tm] `process_advantages` gives to each turn's tokens: the discounted returns
+    of the progress deltas (plus `outcome` at the last turn), whitened over the batch's active turns when
+    `normalize`."""
     rewards = process_turn_rewards(progress, turn_active, outcome)
     returns = discounted_returns(rewards, turn_active, gamma)
-    if normalize:
-        returns = normalize_turn_values(returns, turn_active)
-    return spread_to_tokens(returns, turn_of_token, loss_mask)
+    return normalize_turn_values(returns, turn_active) if normalize else returns
 
 
 def combine_advantages(

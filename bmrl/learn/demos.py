@@ -48,10 +48,11 @@ from bmrl import compiles
 from bmrl.formats import Format
 from bmrl.rollout.engine import make_episode
 from bmrl.rollout.policies import NoisyOracleData, Replay, ReplayPolicy
+from bmrl.rollout.tokens import drop_span
 from bmrl.rollout.types import Injection, RolloutConfig, Trajectory, row_keys
 
 __all__ = ["Demos", "check_demo_args", "demo_tokens_needed", "lay_out", "longest_reply", "make_demos", "reply_table",
-           "turn_records"]
+           "turn_records", "windowed_rows"]
 
 RECOVERY_STREAM = 0x5EC0  # fold_in tag of a row's key for its "goes on after a mistake" draw
 
@@ -304,3 +305,27 @@ def _carry_forward(progress: jax.Array, active: jax.Array) -> jax.Array:
     idx = jnp.where(keep, jnp.arange(keep.shape[1])[None, :], 0)
     idx = jax.lax.cummax(idx, axis=1)
     return jnp.take_along_axis(progress, idx, axis=1)
+
+
+def windowed_rows(d: Demos, history_turns: int, max_len: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Each demonstrated turn as its own row, laid out as a rollout with a history window of `history_turns`
+    turns lays out its learning samples: the prompt (prefix and first observation), the last H turns (their
+    replies and the observations after them), then the turn's reply, the only tokens with loss.
+    Returns (tokens int32[B * Tm, max_len], length int32[B * Tm], loss_mask float32[B * Tm, max_len]); row
+    b * Tm + t is turn t of demo b, empty (length 0) where the turn is not in the demo or does not fit."""
+    batch, tm = d.turn_active.shape
+    t = jnp.arange(tm)
+    prompt = d.reply_start[:, :1]  # turn 0's reply follows the prompt
+    oldest = jnp.take_along_axis(d.reply_start, jnp.maximum(t - history_turns, 0)[None, :].repeat(batch, 0), axis=1)
+    drop = jnp.where(t[None, :] >= history_turns, oldest - prompt, 0)  # [B, Tm]: the turns before the window
+    start = d.reply_start - drop  # where the reply lands in its row
+    length = start + d.reply_len
+    keep = d.turn_active & (length <= max_len)
+
+    def rows(x):  # [B, L] -> the row of every turn, [B * Tm, L], its window's earlier turns dropped
+        per_turn = jnp.broadcast_to(x[:, None], (batch, tm) + x.shape[1:]).reshape((batch * tm,) + x.shape[1:])
+        return drop_span(per_turn, jnp.repeat(prompt[:, 0], tm), drop.reshape(-1), 0)[:, :max_len]
+
+    pos = jnp.arange(min(max_len, d.tokens.shape[1]))[None, :]
+    reply = (pos >= start.reshape(-1, 1)) & (pos < length.reshape(-1, 1)) & keep.reshape(-1, 1)
+    return rows(d.tokens), jnp.where(keep, length, 0).reshape(-1).astype(jnp.int32), rows(d.loss_mask) * reply

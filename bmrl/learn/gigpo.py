@@ -25,8 +25,7 @@ group's rollouts, i.e. each rollout weighted by its number of turns; here each r
 as Eq. 3 writes it.
 
 The anchor of turn t is a hash of the observation tokens the policy read right before turn t
-(`anchor_ids_from_tokens`); a trajectory that carries its own anchor ids (an environment's state key)
-can pass them instead. `gigpo_trajectory_advantages` is the estimator registered as
+(`anchor_ids_from_tokens`); `gigpo_advantages` takes any anchor ids (an environment's state key). `gigpo_trajectory_advantages` is the estimator registered as
 `train.advantage=gigpo` (`bmrl.learn.advantages.ADVANTAGES`, a trajectory estimator).
 """
 
@@ -181,16 +180,24 @@ def gigpo_trajectory_advantages(
     normalize_std: bool = False,
     eps: float = 1e-6,
 ) -> Array:
-    """`train.advantage=gigpo`: token advantages [B, L] of a `Trajectory` (`traj.reward` per turn,
-    `traj.turn_active`), anchors from its tokens (`anchor_ids_from_tokens`), or the trajectory's own
-    `anchor_ids` [B, Tm] when it carries them."""
-    anchors = getattr(traj, "anchor_ids", None)
-    if anchors is None:
-        anchors = anchor_ids_from_tokens(traj.tokens, traj.length, traj.loss_mask, traj.turn_of_token,
-                                         traj.turn_active.shape[1])
-    return gigpo_token_advantages(traj.reward, traj.turn_active, anchors, traj.turn_of_token, traj.loss_mask,
-                                  group_size, gamma=gamma, step_weight=step_weight, normalize_std=normalize_std,
-                                  eps=eps)
+    """`train.advantage=gigpo`: turn advantages [B, Tm] of a `Trajectory` (`traj.reward` per turn,
+    `traj.turn_active`), anchors from its tokens (`trajectory_anchor_ids`)."""
+    return gigpo_advantages(traj.reward, traj.turn_active, trajectory_anchor_ids(traj), group_size, gamma=gamma,
+                            step_weight=step_weight, normalize_std=normalize_std, eps=eps)
 
 
-__all__ = ["anchor_ids_from_tokens", "gigpo_advantages", "gigpo_token_advantages", "gigpo_trajectory_advantages"]
+def trajectory_anchor_ids(traj: Trajectory) -> Array:
+    """uint32[B, Tm]: the anchor of each turn of `traj`, from its buffer (`anchor_ids_from_tokens`), or with a
+    history window from each turn's own sample (turn t's anchor from the context of turn t)."""
+    Tm = traj.turn_active.shape[1]
+    samples = traj.turn_samples
+    if samples is None:
+        return anchor_ids_from_tokens(traj.tokens, traj.length, traj.loss_mask, traj.turn_of_token, Tm)
+    rows = samples.rows()
+    ids = anchor_ids_from_tokens(rows.tokens, rows.length, rows.loss_mask, rows.turn_of_token, Tm)
+    t = jnp.arange(Tm)
+    return ids.reshape(-1, Tm, Tm)[:, t, t]
+
+
+__all__ = ["anchor_ids_from_tokens", "gigpo_advantages", "gigpo_token_advantages", "gigpo_trajectory_advantages",
+           "trajectory_anchor_ids"]

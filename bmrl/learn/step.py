@@ -38,7 +38,7 @@ import optax
 from flax import nnx
 
 from bmrl.learn.advantages import (combine_advantages, get_advantage, group_has_signal, process_advantages,
-                                   takes_trajectory, token_advantages)
+                                   process_turn_values, spread_to_tokens, takes_trajectory, token_advantages)
 from bmrl.learn.logprobs import chunked_token_logprobs, token_logprobs_and_entropy
 from bmrl.learn.losses import get_loss
 from bmrl.compiles import counted_jit
@@ -89,12 +89,17 @@ def policy_token_logprobs(
 
 
 def compute_advantages(traj: Trajectory, cfg: TrainCfg) -> jax.Array:
-    """Token advantages [B, L]: the estimator `cfg.advantage` over groups of `cfg.group_size` contiguous
-    rows (an outcome estimator reads `traj.outcome_reward`, a trajectory one such as gigpo the whole
-    trajectory), plus `cfg.process_coef` x progress-delta process advantages (discount `cfg.gamma`)."""
+    """Token advantages of the rows the learner trains on (`learning_rows`): the estimator `cfg.advantage`
+    over groups of `cfg.group_size` contiguous rows (an outcome estimator reads `traj.outcome_reward`, a
+    trajectory one such as gigpo the whole trajectory and gives each turn its own), plus
+    `cfg.process_coef` x progress-delta process advantages (discount `cfg.gamma`). [B, L]; with a history
+    window [B * Tm, L], turn t of sequence b's sample getting that turn's advantage."""
     estimator = get_advantage(cfg.advantage)
+    if traj.turn_samples is not None:
+        return _turn_sample_advantages(traj, cfg, estimator)
     if takes_trajectory(estimator):
-        adv = estimator(traj, cfg.group_size, **cfg.advantage_options)
+        adv = spread_to_tokens(estimator(traj, cfg.group_size, **cfg.advantage_options), traj.turn_of_token,
+                               traj.loss_mask)
     else:
         seq_adv = estimator(traj.outcome_reward, cfg.group_size, **cfg.advantage_options)
         adv = token_advantages(seq_adv, traj.loss_mask)
@@ -104,6 +109,27 @@ def compute_advantages(traj: Trajectory, cfg: TrainCfg) -> jax.Array:
         )
         adv = combine_advantages(adv, proc, cfg.process_coef)
     return adv
+
+
+def _turn_sample_advantages(traj: Trajectory, cfg: TrainCfg, estimator) -> jax.Array:
+    """`compute_advantages` of a windowed trajectory: each turn's advantage [B, Tm] (the sequence's own for
+    an outcome estimator) on its sample's reply tokens -> [B * Tm, L]."""
+    if takes_trajectory(estimator):
+        values = estimator(traj, cfg.group_size, **cfg.advantage_options)
+    else:
+        seq_adv = estimator(traj.outcome_reward, cfg.group_size, **cfg.advantage_options)
+        values = jnp.broadcast_to(seq_adv[:, None], traj.turn_active.shape)
+    if cfg.process_coef:
+        values = values + cfg.process_coef * process_turn_values(traj.progress, traj.turn_active, gamma=cfg.gamma)
+    rows = traj.turn_samples.rows()
+    return values.reshape(-1)[:, None].astype(jnp.float32) * rows.loss_mask
+
+
+def learning_rows(traj: Trajectory) -> dict[str, jax.Array]:
+    """The sequences the learner trains on: the trajectory's rows, or with a history window each played turn
+    as its own row (`TurnSamples.rows`: row b * Tm + t). tokens, loss_mask, logprobs: [N, L]; length: [N]."""
+    src = traj if traj.turn_samples is None else traj.turn_samples.rows()
+    return dict(tokens=src.tokens, length=src.length, loss_mask=src.loss_mask, logp_old=src.logprobs)
 
 
 def make_update(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformationExtraArgs, cfg: TrainCfg,
@@ -130,7 +156,7 @@ def make_update(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformationE
     mesh = None if shardings is None else jax.tree.leaves(shardings[0])[0].mesh
 
     def update(params, opt_state, ref_params, traj: Trajectory, key):
-        batch, width = traj.tokens.shape
+        batch = traj.tokens.shape[0]
         if batch % minibatches:
             raise ValueError(f"train.minibatches={minibatches} does not divide the batch of {batch} rows.")
         mb = batch // minibatches
@@ -143,17 +169,20 @@ def make_update(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformationE
             traj = constrain_batch(traj, mesh)
             if ref_params is not None and not frozen:  # (the frozen base keeps the layout it was placed with)
                 ref_params = jax.lax.with_sharding_constraint(ref_params, shardings[0])
-        adv = compute_advantages(traj, cfg)
+        rows = dict(learning_rows(traj), adv=compute_advantages(traj, cfg))
+        n_rows = rows["tokens"].shape[0]  # the batch, or with a history window batch x max turns samples
         use_ref = ref_params is not None and cfg.kl_coef > 0
-        logp_ref = None
         if use_ref:  # LoRA: the base alone (adapters zeroed: exactly the base's outputs)
             ref = (jax.tree.map(jnp.zeros_like, params), ref_params) if frozen else ref_params
-            logp_ref, _ = policy_token_logprobs(graphdef, ref, traj.tokens, traj.length, temperature)
-            logp_ref = jax.lax.stop_gradient(logp_ref)
-        rows = dict(tokens=traj.tokens, length=traj.length, loss_mask=traj.loss_mask,
-                    logp_old=traj.logprobs, adv=adv)
-        if use_ref:
-            rows["logp_ref"] = logp_ref
+
+            def ref_logprobs(tokens, length):
+                return policy_token_logprobs(graphdef, ref, tokens, length, temperature)[0]
+
+            if n_rows == batch:
+                logp_ref = ref_logprobs(rows["tokens"], rows["length"])
+            else:  # per-turn samples: a minibatch of rows at a time, so memory does not grow with the turns
+                logp_ref = jax.lax.map(lambda r: ref_logprobs(*r), (rows["tokens"], rows["length"]), batch_size=mb)
+            rows["logp_ref"] = jax.lax.stop_gradient(logp_ref)
         drop_key = jax.random.fold_in(key, DROPOUT_STREAM) if frozen and dropout else None
 
         def loss_of(p, data):
@@ -177,23 +206,24 @@ def make_update(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformationE
             (p, s), (idx, epoch) = carry, xs
             data = jax.tree.map(lambda x: x[idx], rows)
             if drop_key is not None:  # one dropout key per (epoch, first row of each micro-batch)
-                data["draw"] = epoch * batch + idx
+                data["draw"] = epoch * n_rows + idx
             loss, m, grads = grads_of(p, data)
             grad_norm = optax.tree.norm(grads)
             updates, s_new = optimizer.update(grads, s, p, loss=loss)
             p_new, s_new, signal = keep_if_signal(p, s, optax.apply_updates(p, updates), s_new, data["adv"])
             p, s = keep_finite(p, s, p_new, s_new, loss, grad_norm)  # a non-finite loss is counted, signal or not
             m = dict(m, grad_norm=grad_norm, skipped=skip_counts(s)["consecutive_skips"] > 0, no_signal=~signal,
-                     touched=jnp.zeros((batch,), jnp.int32).at[idx].add(1))
+                     touched=jnp.zeros((n_rows,), jnp.int32).at[idx].add(1))
             return (p, s), m
 
         def epoch_step(carry, epoch):
-            perm = jax.random.permutation(jax.random.fold_in(key, epoch), batch)
-            return jax.lax.scan(minibatch_step, carry, (perm.reshape(minibatches, mb), jnp.full(minibatches, epoch)))
+            perm = jax.random.permutation(jax.random.fold_in(key, epoch), n_rows)
+            steps = n_rows // mb  # train.minibatches, or per-turn samples in minibatches of as many rows
+            return jax.lax.scan(minibatch_step, carry, (perm.reshape(steps, mb), jnp.full(steps, epoch)))
 
         (params, opt_state), ms = jax.lax.scan(epoch_step, (params, opt_state), jnp.arange(epochs))
         counts = skip_counts(opt_state)
-        touched = ms.pop("touched").sum(axis=(0, 1))  # [B] times each row was trained on
+        touched = ms.pop("touched").sum(axis=(0, 1))  # [N] times each row was trained on
         skipped = ms.pop("skipped")
         no_signal = ms.pop("no_signal")
         metrics = {k: jnp.mean(v) for k, v in ms.items()}  # mean over epochs x minibatches
@@ -206,8 +236,8 @@ def make_update(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformationE
             skipped_total=counts["total_skips"],
             consecutive_skips=counts["consecutive_skips"],
             rows_trained_min=touched.min(),
-            adv_mean=jnp.sum(adv) / jnp.maximum(traj.loss_mask.sum(), 1.0),
-            adv_abs_mean=jnp.sum(jnp.abs(adv)) / jnp.maximum(traj.loss_mask.sum(), 1.0),
+            adv_mean=jnp.sum(rows["adv"]) / jnp.maximum(rows["loss_mask"].sum(), 1.0),
+            adv_abs_mean=jnp.sum(jnp.abs(rows["adv"])) / jnp.maximum(rows["loss_mask"].sum(), 1.0),
             reward_mean=traj.outcome_reward.mean(),
         )
         return params, opt_state, metrics
@@ -313,6 +343,7 @@ __all__ = [
     "init_opt_state",
     "keep_finite",
     "keep_if_signal",
+    "learning_rows",
     "make_update",
     "policy_token_logprobs",
     "sequence_mask",

@@ -30,11 +30,12 @@ from bmrl.rollout.policies import (
     random_policy,
 )
 from bmrl.rollout.tokens import parse_replies, select
-from bmrl.rollout.types import Injection, RolloutConfig, RolloutError, Trajectory, check_caps, row_keys
+from bmrl.rollout.types import (Injection, RolloutConfig, RolloutError, Trajectory, TurnSamples, check_caps, held_turns,
+                                row_keys)
 
 __all__ = [
     "POLICIES", "Injection", "ModelPolicy", "NoisyOracle", "Replay", "ReplayPolicy", "RolloutConfig", "RolloutError",
-    "ScriptedPolicy", "Trajectory", "check_caps", "check_config", "default_format", "episode_program",
-    "make_episode", "make_noisy_oracle", "make_rollout", "noisy_oracle_policy", "oracle_policy", "parse_replies",
+    "ScriptedPolicy", "Trajectory", "TurnSamples", "check_caps", "check_config", "default_format", "episode_program",
+    "held_turns", "make_episode", "make_noisy_oracle", "make_rollout", "noisy_oracle_policy", "oracle_policy", "parse_replies",
     "play", "random_policy", "rollout", "row_keys", "select",
 ]

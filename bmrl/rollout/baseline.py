@@ -7,10 +7,13 @@ The same model and sampling as `bmrl.rollout`, but turns are driven from Python:
 `generate` re-prefills the whole context into a fresh KV cache and decodes one reply per sequence,
 then the host parses the replies, steps the environments (jitted, vmapped) and appends the next
 observation to each context. Same keys, same forced-stop rule, so greedy output is token-identical.
+With a history window (`RolloutConfig.history_turns`) each context is rebuilt from scratch from the
+prompt and the last H turns, the naive form of the engine's windowed loop.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any
 
@@ -24,7 +27,7 @@ from bmrl.envs.base import INVALID, Env
 from bmrl.formats import Format
 from bmrl.rollout.engine import check_config, default_format
 from bmrl.rollout.tokens import parse_replies
-from bmrl.rollout.types import RolloutConfig, Trajectory, check_caps, row_keys
+from bmrl.rollout.types import RolloutConfig, Trajectory, TurnSamples, check_caps, row_keys
 from bmrl.sampling import sample
 
 
@@ -112,10 +115,21 @@ def python_loop_rollout(
     env_state, obs = reset(env_keys, tasks, jnp.asarray(caps))
     progress0 = np.asarray(jax.vmap(env.progress)(env_state))
     obs_tokens, obs_len = np.asarray(obs.tokens), np.asarray(obs.length)
-    ctx = [list(fmt.prefix) + list(fmt.obs_open) + list(obs_tokens[b, : obs_len[b]]) + list(fmt.obs_close) for b in range(batch)]
-    turn_ids = [[-1] * len(fmt.prefix) + [0] * (len(ctx[b]) - len(fmt.prefix)) for b in range(batch)]
-    mask = [[0.0] * len(ctx[b]) for b in range(batch)]
-    logps = [[0.0] * len(ctx[b]) for b in range(batch)]
+    # Each row's conversation as pieces of (tokens, turn ids, loss mask, log-probs): the prompt, then one
+    # segment per turn (its reply and the observation after it). A context is the prompt and the last H
+    # segments (all of them without a window).
+    prompt = []
+    for b in range(batch):
+        first = list(fmt.prefix) + list(fmt.obs_open) + list(obs_tokens[b, : obs_len[b]]) + list(fmt.obs_close)
+        n_obs = len(first) - len(fmt.prefix)
+        prompt.append(_Piece(first, [-1] * len(fmt.prefix) + [0] * n_obs, [0.0] * len(first), [0.0] * len(first)))
+    segments: list[list[_Piece]] = [[] for _ in range(batch)]
+    H = cfg.history_turns
+
+    def context(b: int, segs: list[_Piece] | None = None, held: int | None = H) -> _Piece:
+        """The prompt of row b and the last `held` of its segments (`segs`, default all; None: every one)."""
+        segs = segments[b] if segs is None else segs
+        return _Piece.join([prompt[b]] + (segs if held is None else segs[-held:]))
 
     out = {
         "action": np.full((batch, Tm), INVALID, np.int32), "reward": np.zeros((batch, Tm), np.float32),
@@ -125,6 +139,7 @@ def python_loop_rollout(
         "turn_active": np.zeros((batch, Tm), bool),
     }
     out["progress"][:, 0] = progress0
+    samples = [[None] * Tm for _ in range(batch)]
     turns_used = np.zeros(batch, np.int32)
     success = np.zeros(batch, bool)
     first = np.zeros(batch, np.int32)
@@ -133,22 +148,24 @@ def python_loop_rollout(
     active = np.ones(batch, bool)
     t = 0
     while active.any() and t < Tm:
+        ctx = [context(b).tokens for b in range(batch)]
         longest = max(len(ctx[b]) for b in range(batch))
         width = min(-(-longest // BUCKET) * BUCKET, L)
-        context = np.full((batch, width), fmt.pad_id, np.int32)
+        context_arr = np.full((batch, width), fmt.pad_id, np.int32)
         lengths = np.zeros(batch, np.int32)
         for b in range(batch):
-            context[b, : len(ctx[b])] = ctx[b]
+            context_arr[b, : len(ctx[b])] = ctx[b]
             lengths[b] = len(ctx[b])
-        reply, reply_len, lp, sampled = map(np.asarray, generate(params, context, lengths, active, tok_keys, t))
+        reply, reply_len, lp, sampled = map(np.asarray, generate(params, context_arr, lengths, active, tok_keys, t))
         content_len = np.maximum(reply_len - 1, 0)
         content = np.where(np.arange(R)[None, :] < content_len[:, None], reply, fmt.pad_id)
         act, format_ok = map(np.asarray, parse(jnp.asarray(content), jnp.asarray(content_len)))
         for b in np.flatnonzero(active):
-            ctx[b] += list(reply[b, : reply_len[b]])
-            turn_ids[b] += [t] * reply_len[b]
-            mask[b] += list(sampled[b, : reply_len[b]].astype(np.float32))
-            logps[b] += list(lp[b, : reply_len[b]])
+            n = int(reply_len[b])
+            segments[b].append(_Piece(list(reply[b, :n]), [t] * n, list(sampled[b, :n].astype(np.float32)),
+                                      list(lp[b, :n])))
+            if H is not None:  # the context the reply followed, and the reply
+                samples[b][t] = _Piece.join([context(b, segments[b][:-1]).without_loss(), segments[b][-1]])
 
         step_keys = jax.vmap(lambda k: jax.random.fold_in(k, t + 1))(env_keys)
         new_state, new_obs, reward, term, info = step(step_keys, env_state, jnp.asarray(act), jnp.asarray(caps - (t + 1)))
@@ -171,35 +188,63 @@ def python_loop_rollout(
         obs_tokens, obs_len = np.asarray(new_obs.tokens), np.asarray(new_obs.length)
         for b in np.flatnonzero(nxt):
             chunk = list(fmt.reply_close) + list(fmt.obs_open) + list(obs_tokens[b, : obs_len[b]]) + list(fmt.obs_close)
-            if len(ctx[b]) + len(chunk) + R > L:
+            if len(context(b).tokens) + len(chunk) + R > L:  # the next context and a reply do not fit
                 overflow[b] = True
                 nxt[b] = False
                 continue
-            ctx[b] += chunk
-            turn_ids[b] += [t + 1] * len(chunk)
-            mask[b] += [0.0] * len(chunk)
-            logps[b] += [0.0] * len(chunk)
+            segments[b][-1] = _Piece.join([segments[b][-1], _Piece(chunk, [t + 1] * len(chunk), [0.0] * len(chunk),
+                                                                   [0.0] * len(chunk))])
         active = nxt
         t += 1
 
     last = np.minimum(np.arange(Tm + 1)[None, :], turns_used[:, None])  # progress carried to the end
     out["progress"] = np.take_along_axis(out["progress"], last, axis=1)
+    final = [context(b, held=None if H is None else H + 1) for b in range(batch)]  # the window and the last reply
 
-    def padded(rows, fill, dtype):
-        arr = np.full((batch, L), fill, dtype)
+    def padded(rows, fill, dtype, width=L):
+        arr = np.full((len(rows), width), fill, dtype)
         for b, r in enumerate(rows):
             arr[b, : len(r)] = r
         return arr
 
+    turn_samples = None
+    if H is not None:
+        empty = _Piece([], [], [], [])
+        flat = [samples[b][k] or empty for b in range(batch) for k in range(Tm)]
+        turn_samples = TurnSamples(
+            tokens=jnp.asarray(padded([p.tokens for p in flat], fmt.pad_id, np.int32).reshape(batch, Tm, L)),
+            length=jnp.asarray([len(p.tokens) for p in flat], jnp.int32).reshape(batch, Tm),
+            loss_mask=jnp.asarray(padded([p.mask for p in flat], 0.0, np.float32).reshape(batch, Tm, L)),
+            logprobs=jnp.asarray(padded([p.logps for p in flat], 0.0, np.float32).reshape(batch, Tm, L)),
+            turn_of_token=jnp.asarray(padded([p.turn_ids for p in flat], -1, np.int32).reshape(batch, Tm, L)),
+        )
     return Trajectory(
-        tokens=jnp.asarray(padded(ctx, fmt.pad_id, np.int32)),
-        length=jnp.asarray([len(r) for r in ctx], jnp.int32),
-        loss_mask=jnp.asarray(padded(mask, 0.0, np.float32)),
-        logprobs=jnp.asarray(padded(logps, 0.0, np.float32)),
-        turn_of_token=jnp.asarray(padded(turn_ids, -1, np.int32)),
+        tokens=jnp.asarray(padded([p.tokens for p in final], fmt.pad_id, np.int32)),
+        length=jnp.asarray([len(p.tokens) for p in final], jnp.int32),
+        loss_mask=jnp.asarray(padded([p.mask for p in final], 0.0, np.float32)),
+        logprobs=jnp.asarray(padded([p.logps for p in final], 0.0, np.float32)),
+        turn_of_token=jnp.asarray(padded([p.turn_ids for p in final], -1, np.int32)),
         **{k: jnp.asarray(v) for k, v in out.items()},
         caps=jnp.asarray(caps), turns_used=jnp.asarray(turns_used), success=jnp.asarray(success),
         first_success_turn=jnp.asarray(first), terminated=jnp.asarray(terminated | success),
         truncated=jnp.asarray(~terminated & ~success & ~overflow & (turns_used >= caps)),
-        overflow=jnp.asarray(overflow),
+        overflow=jnp.asarray(overflow), turn_samples=turn_samples,
     )
+
+
+@dataclasses.dataclass
+class _Piece:
+    """A run of a conversation's tokens with their turn ids, loss mask and sampling log-probs."""
+
+    tokens: list
+    turn_ids: list
+    mask: list
+    logps: list
+
+    @staticmethod
+    def join(pieces: list[_Piece]) -> _Piece:
+        return _Piece(*(sum((getattr(p, f) for p in pieces), []) for f in ("tokens", "turn_ids", "mask", "logps")))
+
+    def without_loss(self) -> _Piece:
+        """The same tokens as context only: earlier replies are not trained on in a later turn's sample."""
+        return _Piece(self.tokens, self.turn_ids, [0.0] * len(self.mask), [0.0] * len(self.logps))

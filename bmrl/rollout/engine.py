@@ -36,6 +36,7 @@ from bmrl.rollout.types import (
     RolloutError,
     Trajectory,
     check_caps,
+    held_turns,
     row_keys,
     stream,
 )
@@ -273,10 +274,12 @@ def check_config(env: Env, fmt: Format, cfg: RolloutConfig, min_cap: int) -> Non
             f"({env.max_action_len} tokens) in the {fmt.reply_format!r} reply format with its stop token; "
             f"set max_reply_tokens >= {need_reply}."
         )
-    need = fmt.tokens_needed(min_cap, env.max_obs_len, cfg.max_reply_tokens)
+    held = held_turns(min_cap, cfg.history_turns)
+    need = fmt.tokens_needed(held, env.max_obs_len, cfg.max_reply_tokens)
     if need > cfg.max_len:
+        window = "" if held == min_cap else f" (a history window of {cfg.history_turns}: {held} turns at once)"
         raise RolloutError(
-            f"max_len={cfg.max_len} cannot hold even the smallest budget: {min_cap} turns of {env.name} "
+            f"max_len={cfg.max_len} cannot hold even the smallest budget: {min_cap} turns of {env.name}{window} "
             f"need up to {need} tokens (prompt {fmt.first_chunk_len(env.max_obs_len)}, "
             f"{cfg.max_reply_tokens} per reply, {fmt.turn_chunk_len(env.max_obs_len) - 1} per "
             f"observation). Raise max_len to >= {need} or lower the budget."

@@ -196,6 +196,10 @@ def host_rollout(
     """
     caps = np.asarray(caps)
     check_caps(caps, cfg)
+    if cfg.history_turns is not None:
+        raise RolloutError(f"RolloutConfig.history_turns={cfg.history_turns}: a history window runs in the compiled "
+                           "loop of JAX environments only; a Python environment keeps the whole episode "
+                           "(history_turns=None).")
     batch = caps.shape[0]
     tasks = list(tasks) if tasks is not None else [None] * batch
     if len(envs) != batch or len(tasks) != batch:

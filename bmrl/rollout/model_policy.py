@@ -19,8 +19,8 @@ from flax import nnx, struct
 
 from bmrl.envs.base import Env
 from bmrl.formats import Format
-from bmrl.rollout.tokens import assemble, fixed, parse_replies, take, write
-from bmrl.rollout.types import TOKEN_STREAM, RolloutConfig, stream
+from bmrl.rollout.tokens import assemble, drop_span, fixed, parse_replies, take, write
+from bmrl.rollout.types import TOKEN_STREAM, RolloutConfig, TurnSamples, stream
 from bmrl.sampling import gumbel_noise, policy_logprobs, sample_with_noise
 
 NOISE_ELEMENTS = 1 << 22  # a turn's Gumbel noise is drawn in one call up to this many floats (16 MiB)
@@ -40,6 +40,18 @@ class ModelState:
     turn_of_token: jax.Array  # int32[B, L]
     tok_keys: jax.Array  # [B] sampling keys
     slot: jax.Array  # int32[B]: the row's row in `cache` (the cache stays in place when the batch compacts)
+    window: Any = None  # Window of a windowed history (`RolloutConfig.history_turns`); None: append-only
+
+
+@struct.dataclass
+class Window:
+    """The history window of each row: the buffer holds the prompt, then the last H turns (each its reply
+    and the observation after it), then the current reply. H = history_turns, Tm = max turns."""
+
+    prompt_len: jax.Array  # int32[B]: tokens of the prompt (prefix and first observation), never dropped
+    seg_len: jax.Array  # int32[B, H]: tokens of each turn in the window, oldest first (0 = not played yet)
+    reply_start: jax.Array  # int32[B]: where the current reply starts in the buffer
+    samples: TurnSamples  # [B, Tm, L]: each played turn's context and reply, for the learner
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,11 +114,22 @@ class _BoundModel:
         tokens = write(jnp.full((batch, L), pad, jnp.int32), zeros, jnp.broadcast_to(prefix, (batch, P)), zeros + P)
         turn_ids = write(jnp.full((batch, L), -1, jnp.int32), offsets, jnp.zeros((1, width - P), jnp.int32), n_obs)
         f32 = jnp.zeros((batch, L), jnp.float32)
-        return ModelState(
+        return self._open_window(ModelState(
             cache=cache, next_logits=logits, cache_len=offsets + n_obs, n_tok=offsets + n_obs,
             tokens=write(tokens, offsets, obs_chunk, n_obs), loss_mask=f32, logprobs=f32, turn_of_token=turn_ids,
             tok_keys=stream(keys, TOKEN_STREAM), slot=jnp.arange(batch, dtype=jnp.int32),
-        )
+        ))
+
+    def _open_window(self, s: ModelState) -> ModelState:
+        """`s` (the state before the first reply) with an empty history window when the config has one."""
+        H = self.cfg.history_turns
+        if H is None:
+            return s
+        batch = s.n_tok.shape[0]
+        zeros = jnp.zeros((batch,), jnp.int32)
+        return s.replace(window=Window(prompt_len=s.n_tok, seg_len=jnp.zeros((batch, H), jnp.int32),
+                                       reply_start=zeros,
+                                       samples=TurnSamples.empty(batch, self.cfg.max_turns, self.cfg.max_len)))
 
     @staticmethod
     def _rows(s: ModelState) -> jax.Array | None:
@@ -167,13 +190,13 @@ class _BoundModel:
         cache = self.model.init_cache(batch, L)
         logits, cache = self._extend(context, lengths, zeros, cache, last_only=True)
         f32 = jnp.zeros((batch, L), jnp.float32)
-        return ModelState(
+        return self._open_window(ModelState(
             cache=cache, next_logits=logits[:, 0], cache_len=lengths, n_tok=lengths,
             tokens=write(jnp.full((batch, L), self.fmt.pad_id, jnp.int32), zeros, context, lengths),
             loss_mask=f32, logprobs=f32,
             turn_of_token=write(jnp.full((batch, L), -1, jnp.int32), zeros, turn_ids, lengths),
             tok_keys=stream(keys, TOKEN_STREAM), slot=jnp.arange(batch, dtype=jnp.int32),
-        )
+        ))
 
     def strip(self, s: ModelState) -> ModelState:
         """The state without its KV cache and logits (what results need, for compaction)."""
@@ -290,19 +313,46 @@ class _BoundModel:
         reply_start = s.n_tok
         s = self.decode_reply(s, t, active)
         act, format_ok = self.parse(s, env, reply_start)
+        if s.window is not None:
+            s = self._record_sample(s, t, active, reply_start)
         return s, act, format_ok
+
+    def _record_sample(self, s: ModelState, t, active: jax.Array, reply_start: jax.Array) -> ModelState:
+        """Keep turn t of the active rows as a learning sample: the buffer (the windowed context and the
+        reply just decoded), its loss on that reply alone."""
+        w, L = s.window, self.cfg.max_len
+        inside = jnp.arange(L)[None, :] < s.n_tok[:, None]
+        mine = inside & (s.turn_of_token == t)  # the reply of turn t (its stop token included)
+
+        def put(arr, value):
+            keep = active.reshape(active.shape + (1,) * (value.ndim - 1))
+            return arr.at[:, t].set(jnp.where(keep, value, arr[:, t]))
+
+        x = w.samples
+        samples = x.replace(tokens=put(x.tokens, s.tokens), length=put(x.length, s.n_tok),
+                            loss_mask=put(x.loss_mask, jnp.where(mine, s.loss_mask, 0.0)),
+                            logprobs=put(x.logprobs, jnp.where(mine, s.logprobs, 0.0)),
+                            turn_of_token=put(x.turn_of_token, jnp.where(inside, s.turn_of_token, -1)))
+        return s.replace(window=w.replace(samples=samples, reply_start=jnp.where(active, reply_start, w.reply_start)))
+
+    def _turn_chunk(self, s: ModelState, env: Env, obs) -> tuple[jax.Array, jax.Array]:
+        """[last reply token, reply_close, obs_open, OBS, obs_close] of each row -> ([B, W], lengths [B])."""
+        batch, L = s.n_tok.shape[0], self.cfg.max_len
+        last = s.tokens[jnp.arange(batch), jnp.clip(s.cache_len, 0, L - 1)][:, None]
+        return assemble(
+            [(last, jnp.ones((batch,), jnp.int32)), fixed(self.fmt.reply_close, batch)]
+            + self._obs_segments(obs, batch), self.fmt.turn_chunk_len(env.max_obs_len), self.fmt.pad_id,
+        )
 
     @jax.named_scope("observe")
     def observe(self, s: ModelState, env: Env, obs, t, nxt) -> tuple[ModelState, jax.Array]:
         """Prefill [last reply token, reply_close, obs_open, OBS, obs_close] for rows going on, if the
         chunk and a full reply still fit the buffer; returns the rows that fit."""
-        batch, R, L = nxt.shape[0], self.cfg.max_reply_tokens, self.cfg.max_len
+        if s.window is not None:
+            return self._observe_windowed(s, env, obs, t, nxt)
+        R, L = self.cfg.max_reply_tokens, self.cfg.max_len
         width = self.fmt.turn_chunk_len(env.max_obs_len)
-        last = s.tokens[jnp.arange(batch), jnp.clip(s.cache_len, 0, L - 1)][:, None]
-        chunk, n = assemble(
-            [(last, jnp.ones((batch,), jnp.int32)), fixed(self.fmt.reply_close, batch)]
-            + self._obs_segments(obs, batch), width, self.fmt.pad_id,
-        )
+        chunk, n = self._turn_chunk(s, env, obs)
         fits = s.cache_len + n + R <= L
         go = nxt & fits
         n = jnp.where(go, n, 0)
@@ -319,8 +369,47 @@ class _BoundModel:
         )
         return s, fits | ~nxt
 
+    def _observe_windowed(self, s: ModelState, env: Env, obs, t, nxt) -> tuple[ModelState, jax.Array]:
+        """`observe` with a history window: the turn's chunk follows its reply as always; when the window
+        already holds H turns, the oldest leaves the buffer (what follows it moves up to the prompt's end)
+        and the rows re-prefill the window from there, the prompt's KV entries kept. Rows whose window is
+        not full yet prefill the chunk alone, as without a window."""
+        w, R, L = s.window, self.cfg.max_reply_tokens, self.cfg.max_len
+        width = self.fmt.turn_chunk_len(env.max_obs_len)
+        chunk, n = self._turn_chunk(s, env, obs)
+        drop = jnp.where(nxt, w.seg_len[:, 0], 0)  # the oldest turn, when the window is full
+        fits = s.cache_len - drop + n + R <= L
+        go = nxt & fits
+        drop, n = jnp.where(go, drop, 0), jnp.where(go, n, 0)
+        stop = s.cache_len - drop  # where the chunk goes: over the reply's stop token (not in the cache yet)
+
+        def shift(buf, fill):
+            return drop_span(buf, w.prompt_len, drop, fill)
+
+        turn_ids = jnp.where(jnp.arange(width)[None, :] == 0, t, t + 1)
+        tokens = write(shift(s.tokens, self.fmt.pad_id), stop, chunk, n)
+        start = jnp.where(drop > 0, w.prompt_len, stop)
+        span = min(L, self.cfg.history_turns * (R - 1 + width))  # the widest window: H turns
+        idx = jnp.clip(start[:, None] + jnp.arange(span)[None, :], 0, L - 1)
+        next_logits, cache = self._prefill(jnp.take_along_axis(tokens, idx, axis=1), stop + n - start, start,
+                                           s.cache, tight=True, rows=self._rows(s), prev=s.next_logits)
+        cache_len = stop + n
+        newest = s.cache_len - w.reply_start + n  # the turn just played: its reply and the chunk after it
+        seg_len = jnp.where(go[:, None], jnp.concatenate([w.seg_len[:, 1:], newest[:, None]], axis=1), w.seg_len)
+        s = s.replace(
+            cache=cache, next_logits=next_logits, tokens=tokens,
+            turn_of_token=write(shift(s.turn_of_token, -1), stop, turn_ids, n),
+            loss_mask=shift(s.loss_mask, 0.0), logprobs=shift(s.logprobs, 0.0),
+            cache_len=jnp.where(go, cache_len, s.cache_len), n_tok=jnp.where(go, cache_len, s.n_tok),
+            window=w.replace(seg_len=seg_len),
+        )
+        return s, fits | ~nxt
+
     def outputs(self, s: ModelState) -> dict[str, jax.Array]:
         L = self.cfg.max_len
         inside = jnp.arange(L)[None, :] < s.n_tok[:, None]
-        return dict(tokens=s.tokens, length=s.n_tok, loss_mask=s.loss_mask, logprobs=s.logprobs,
-                    turn_of_token=jnp.where(inside, s.turn_of_token, -1))
+        out = dict(tokens=s.tokens, length=s.n_tok, loss_mask=s.loss_mask, logprobs=s.logprobs,
+                   turn_of_token=jnp.where(inside, s.turn_of_token, -1))
+        if s.window is not None:
+            out["turn_samples"] = s.window.samples
+        return out

@@ -45,6 +45,17 @@ def write(buf: jax.Array, start: jax.Array, values: jax.Array, n: jax.Array) -> 
     return buf.at[jnp.arange(batch)[:, None], idx].set(values.astype(buf.dtype), mode="drop")
 
 
+def drop_span(buf: jax.Array, start: jax.Array, n: jax.Array, fill: Any) -> jax.Array:
+    """Remove buf[b, start[b] : start[b] + n[b]] from each row, shifting what follows left; `fill` enters at
+    the end. buf: [B, L, ...]; start, n: [B] (n = 0 leaves the row as it is)."""
+    pos = jnp.arange(buf.shape[1], dtype=jnp.int32)[None, :]
+    src = jnp.where(pos >= start[:, None], pos + n[:, None], pos)  # [B, L]
+    inside = src < buf.shape[1]
+    src = src.reshape(src.shape + (1,) * (buf.ndim - 2))
+    moved = jnp.take_along_axis(buf, jnp.minimum(src, buf.shape[1] - 1), axis=1)
+    return jnp.where(inside.reshape(src.shape), moved, jnp.asarray(fill, buf.dtype))
+
+
 def fixed(frag: np.ndarray, batch: int) -> tuple[jax.Array, jax.Array]:
     """A host fragment broadcast to every row, as an assemble segment."""
     toks = jnp.broadcast_to(jnp.asarray(frag, jnp.int32)[None, :], (batch, len(frag)))

@@ -52,11 +52,41 @@ class Trajectory:
     truncated: jax.Array  # bool[B]: stopped by its turn cap
     overflow: jax.Array  # bool[B]: stopped because the next turn would not fit the buffer
     observations: Any = None  # optional (tokens int32[B, Tm, O], lengths int32[B, Tm]): the observation before turn t
+    turn_samples: Any = None  # TurnSamples of a windowed rollout (`RolloutConfig.history_turns`); None otherwise
 
     @property
     def outcome_reward(self) -> jax.Array:
         """float32[B]: the summed per-turn reward of each sequence."""
         return self.reward.sum(axis=-1)
+
+
+@struct.dataclass
+class TurnSamples:
+    """What the learner trains on when the history is windowed: each played turn as its own sequence, the
+    context the policy saw (prompt + the last H turns) and its reply. B = batch, Tm = max turns, L = buffer.
+    Rows of inactive turns are empty (length 0, loss mask 0)."""
+
+    tokens: jax.Array  # int32[B, Tm, L]
+    length: jax.Array  # int32[B, Tm]
+    loss_mask: jax.Array  # float32[B, Tm, L]: 1 on the tokens sampled in that turn's reply only
+    logprobs: jax.Array  # float32[B, Tm, L]: sampling-policy log-prob of each of them
+    turn_of_token: jax.Array  # int32[B, Tm, L]: 0-based turn of each token; -1 prompt prefix/padding
+
+    @classmethod
+    def empty(cls, batch: int, max_turns: int, width: int) -> "TurnSamples":
+        ints, floats = jnp.zeros((batch, max_turns, width), jnp.int32), jnp.zeros((batch, max_turns, width), jnp.float32)
+        return cls(tokens=ints, length=jnp.zeros((batch, max_turns), jnp.int32), loss_mask=floats, logprobs=floats,
+                   turn_of_token=ints - 1)
+
+    def rows(self) -> "TurnSamples":
+        """The samples as B * Tm rows (row b * Tm + t is turn t of sequence b): [N, L] and [N]."""
+        return jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), self)
+
+
+def held_turns(cap: int, history_turns: int | None) -> int:
+    """The most turns one context holds at once in an episode of `cap` turns: all of them, or with a
+    history window of H turns the current one and the H before it."""
+    return cap if history_turns is None else min(cap, history_turns + 1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,6 +100,10 @@ class RolloutConfig:
     attention_block: keys per step of the blocked attention over the KV cache (static; the loop over
       blocks stops at the longest live row). 64 was fastest on CPU; an accelerator may want more
       (`bench/device.py` times several); 0 reads the whole buffer in one step.
+    history_turns: H, a history window: each turn's context is the prompt (prefix and first
+      observation) and the last H turns' replies and observations, so max_len need only hold H + 1
+      turns whatever the budget; the trajectory then carries each turn as its own learning sample
+      (`Trajectory.turn_samples`). None: the whole episode is one append-only context.
     """
 
     max_turns: int
@@ -80,6 +114,7 @@ class RolloutConfig:
     compact_min_rows: int = 16  # live-row compaction: the smallest chunk of rows a turn is played in (0 = off)
     compact_steps: int = 4  # compaction splits the batch into at most this many chunks (see `compact_chunk`)
     attention_block: int = BLOCK_SIZE  # keys per attention block over the KV cache (0 = the whole buffer)
+    history_turns: int | None = None  # turns of history in each context (None = all: append-only)
 
     def __post_init__(self) -> None:
         for name in ("max_turns", "max_reply_tokens", "max_len"):
@@ -89,6 +124,9 @@ class RolloutConfig:
             raise RolloutError(f"RolloutConfig.compact_min_rows must be >= 0 (0 = off), got {self.compact_min_rows}.")
         if self.compact_steps < 1:
             raise RolloutError(f"RolloutConfig.compact_steps must be >= 1 (2 = halving), got {self.compact_steps}.")
+        if self.history_turns is not None and self.history_turns < 1:
+            raise RolloutError(f"RolloutConfig.history_turns must be >= 1 (turns of history each context keeps; "
+                               f"None = the whole episode), got {self.history_turns}.")
         if self.attention_block < 0:
             raise RolloutError(f"RolloutConfig.attention_block must be >= 0 (keys per block; 0 = the whole buffer), "
                                f"got {self.attention_block}.")

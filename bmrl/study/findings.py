@@ -324,6 +324,7 @@ class Study:
     f2: Finding
     f3: Finding
     levels: Mapping[str, Mapping[str, Interval]]  # levels[policy][metric]
+    advantage_f1: Mapping[str, Finding] = dataclasses.field(default_factory=dict)  # F1 of each `reproduce.advantage` variant
 
     @property
     def findings(self) -> tuple[Finding, Finding, Finding]:
@@ -335,22 +336,27 @@ class Study:
         f1, f3 = self.f1, self.f3
         return {"T_large": f1.facts["T_large"], "T_small": f1.facts["T_small"], **_as_dict(f1.intervals),
                 **_as_dict(self.f2.levels), **_as_dict(f3.levels), "mix_minus": _as_dict(f3.intervals),
-                **{f.name: f.to_dict() for f in self.findings}}
+                **{f.name: f.to_dict() for f in self.findings},
+                **({"advantage_F1": {n: f.to_dict() for n, f in self.advantage_f1.items()}} if self.advantage_f1 else {})}
 
 
 def study_findings(pooled: dict, seed_results: list[dict], names: Sequence[str], ks: Sequence[int], ts: Sequence[int],
                    rep, resamples: int) -> Study:
     """The study of `bmrl reproduce` over pooled (seed, task) units (`pool`) and each seed's evaluations
     of the base and the generous-budget RL policy (`seed_results`, F2's paired states): F1 at
-    `rep.small_t`, F2, F3 of `rep.budgetmix` against `rep.generous` and `rep.tight`, and the levels."""
+    `rep.small_t`, F2, F3 of `rep.budgetmix` against `rep.generous` and `rep.tight`, the levels, and F1's rule
+    applied to each variant of `rep.advantage` (another estimator: does step-level credit change the budget
+    dependence?)."""
     k1 = list(ks).index(1)
     g = pooled.get(GROUPS, {})
     one_seed = len(seed_results) == 1
     groups = None if one_seed else g.get("surface")
     boot = dict(num_resamples=max(resamples, 10))
     base, gen = pooled[BASE], pooled[rep.generous]
-    f1 = f1_finding(base["surface"][:, k1, :], {n: pooled[n]["surface"][:, k1, :] for n in names if n != BASE}, ts,
-                    main=rep.generous, small_t=rep.small_t, groups=groups, **boot)
+    pass1 = {n: pooled[n]["surface"][:, k1, :] for n in names if n != BASE}
+    f1 = f1_finding(base["surface"][:, k1, :], pass1, ts, main=rep.generous, small_t=rep.small_t, groups=groups, **boot)
+    by_advantage = {n: f1_finding(base["surface"][:, k1, :], {n: pass1[n]}, ts, main=n, small_t=rep.small_t,
+                                  groups=groups, **boot) for n in rep.advantage if n in pass1}
     on_policy = {out: mean_interval(np.where(np.isfinite(gen[m]) & np.isfinite(base[m]), gen[m] - base[m], np.nan),
                                     groups=g.get(m), key=STREAMS[out], **boot)
                  for m, out in ON_POLICY if m in gen}
@@ -362,7 +368,7 @@ def study_findings(pooled: dict, seed_results: list[dict], names: Sequence[str],
                     groups=groups, **boot)
     levels = {n: {m: mean_interval(pooled[n][m], groups=g.get(m), key=STREAMS["level"], **boot) for m in LEVELS if m in pooled[n]}
               for n in names}
-    return Study(f1, f2, f3, levels)
+    return Study(f1, f2, f3, levels, by_advantage)
 
 
 def finding_runs(rep) -> dict[str, tuple[str, ...]]:

@@ -44,7 +44,17 @@ def finding_sentences(study: Study, rep) -> list[str]:
     s3 = (f"3. BudgetMix across T: {rep.budgetmix} has min over T of Pass@(1,T) {mp[rep.budgetmix]} and area "
           f"{ar[rep.budgetmix]} (fixed generous {mp[rep.generous]} / {ar[rep.generous]}, fixed tight {mp[rep.tight]} / "
           f"{ar[rep.tight]}); BudgetMix minus each fixed budget: {'; '.join(parts)}.")
-    return [s1, s2, s3]
+    return [s1, s2, s3] + [_advantage_sentence(name, f, rep) for name, f in study.advantage_f1.items()]
+
+
+def _advantage_sentence(name: str, f1, rep) -> str:
+    """F1's measure and rule for a variant trained with another advantage estimator (`reproduce.advantage`)."""
+    gl, gs, gd = (f1.intervals[k] for k in ("gain_large", "gain_small", "gain_large_minus_small"))
+    t_large, t_small = f1.facts["T_large"], f1.facts["T_small"]
+    return (f"Budget dependence with {rep.advantage[name]} advantages ({name}): Pass@(1,T) over the base changed by "
+            f"{gl.format(signed=True)} at T={t_large} and by {gs.format(signed=True)} at T={t_small}; the gain at "
+            f"T={t_large} minus the gain at T={t_small} is {gd.format(signed=True)}, {F1_SAYS[f1.verdict.verdict]} "
+            f"(F1's rule: {f1.verdict.verdict}).")
 
 
 def summary_table(pooled: dict, study: Study, names: list[str], ks: tuple[int, ...], ts: tuple[int, ...]) -> tuple[str, dict]:
@@ -143,6 +153,7 @@ def report_md(cfg: Config, env: str, sentences, table_md, figures, seed_reports,
     rep = cfg.reproduce
     variants = ", ".join(f"`{n}`: {make_budget(b).describe()}"
                          + (f" + process reward (train.process_coef={rep.process[n]})" if n in rep.process else "")
+                         + (f" + train.advantage={rep.advantage[n]}" if n in rep.advantage else "")
                          for n, b in rep.variants.items())
     process_note = ([f"Process supervision: variant(s) {', '.join(f'`{n}`' for n in rep.process)} add a step-level reward "
                      "from the change in the environment's progress (privileged information: the agent never sees "

@@ -172,7 +172,7 @@ def test_registered_options_reach_their_functions():
 
     from bmrl.learn.step import compute_advantages
 
-    traj = SimpleNamespace(outcome_reward=jnp.array([1.0, 0.0, 0.0, 0.0]), loss_mask=jnp.ones((4, 2)))
+    traj = SimpleNamespace(outcome_reward=jnp.array([1.0, 0.0, 0.0, 0.0]), loss_mask=jnp.ones((4, 2)), turn_samples=None)
     plain = config.load(None, ["train.group_size=4", "train.advantage_options.normalize_std=false"]).train
     assert compute_advantages(traj, plain)[:, 0].tolist() == [0.75, -0.25, -0.25, -0.25]
     scaled = compute_advantages(traj, config.load(None, ["train.group_size=4"]).train)[:, 0]
@@ -249,13 +249,22 @@ def test_docs_command_updates_block(tmp_path, capsys):
     assert "already current" in capsys.readouterr().out
 
 
-def test_process_variant_config_is_the_study_plus_one_variant():
-    """configs/reproduce_process.yaml is configs/reproduce_cpu.yaml plus the process-reward variant, so
-    the two studies cannot drift apart."""
+def test_process_variant_config_is_the_study_plus_two_variants():
+    """configs/reproduce_process.yaml is configs/reproduce_cpu.yaml plus the process-reward and the GiGPO variants,
+    so the two studies cannot drift apart; each variant's stage trains with its own setting."""
+    from bmrl.reproduce import _stage_configs
+
     study, process = (config.to_dict(config.load(REPO / "configs" / f)) for f in ("reproduce_cpu.yaml", "reproduce_process.yaml"))
-    extra = process["reproduce"]["variants"].pop("budgetmix_process")
-    assert extra == study["reproduce"]["variants"]["budgetmix"] and process["reproduce"].pop("process") == {"budgetmix_process": 0.5}
+    rl = _stage_configs(config.load(REPO / "configs" / "reproduce_process.yaml"), 0)[1]
+    assert (rl["budgetmix_process"].train.process_coef, rl["budgetmix_process"].train.advantage) == (0.5, "grpo")
+    assert (rl["budgetmix_gigpo"].train.process_coef, rl["budgetmix_gigpo"].train.advantage) == (0.0, "gigpo")
+    assert (rl["budgetmix"].train.process_coef, rl["budgetmix"].train.advantage) == (0.0, "grpo")
+    for name in ("budgetmix_process", "budgetmix_gigpo"):
+        assert process["reproduce"]["variants"].pop(name) == study["reproduce"]["variants"]["budgetmix"]
+    assert process["reproduce"].pop("process") == {"budgetmix_process": 0.5}
+    assert process["reproduce"].pop("advantage") == {"budgetmix_gigpo": "gigpo"}
     study["reproduce"].pop("process")
+    study["reproduce"].pop("advantage")
     assert process["out_dir"] != study["out_dir"]
     process["out_dir"] = study["out_dir"]
     assert process == study

@@ -15,7 +15,7 @@ from bmrl import config
 from bmrl.config import ConfigError
 from bmrl.config.schema import TrainCfg
 from bmrl.learn import advantages as adv
-from bmrl.learn.gigpo import anchor_ids_from_tokens, gigpo_advantages, gigpo_trajectory_advantages
+from bmrl.learn.gigpo import anchor_ids_from_tokens, gigpo_advantages, gigpo_token_advantages
 from bmrl.learn.step import compute_advantages
 from bmrl.rollout import Trajectory
 
@@ -252,15 +252,13 @@ def test_compute_advantages_spreads_gigpo_onto_reply_tokens():
     with_process = TrainCfg(**{**vars(cfg), "process_coef": 0.5, "gamma": 0.8})
 
     def everything(tr, own_ids):
-        own = type("WithAnchors", (), {k: getattr(tr, k) for k in ("reward", "turn_active", "tokens", "length",
-                                                                     "loss_mask", "turn_of_token")})()
-        own.anchor_ids = own_ids
         proc = adv.process_advantages(tr.progress, tr.turn_active, tr.turn_of_token, tr.loss_mask, gamma=0.8)
+        spread = (tr.reward, tr.turn_active, own_ids, tr.turn_of_token, tr.loss_mask, 2)
         return (compute_advantages(tr, cfg), compute_advantages(tr, with_process), proc,
-                gigpo_trajectory_advantages(own, 2, **opts), gigpo_trajectory_advantages(own, 2, **opts | {"step_weight": 0.0}))
+                gigpo_token_advantages(*spread, **opts), gigpo_token_advantages(*spread, **opts | {"step_weight": 0.0}))
 
-    # One program: the trainer's advantages, with process advantages on top, and a trajectory that carries
-    # its own anchor ids (all distinct: no step part).
+    # One program: the trainer's advantages, with process advantages on top, and anchor ids of one's own (all
+    # distinct: no step part).
     got, got_process, proc, own, own_episode = jax.jit(everything)(traj, jnp.arange(4 * TM).reshape(4, TM))
     close(got, want, tol=1e-4)
     assert np.abs(want).sum() > 1 and (np.asarray(got)[mask == 0] == 0).all()

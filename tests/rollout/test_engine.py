@@ -1,5 +1,6 @@
 """The compiled multi-turn rollout: equality with the Python loop, caps, compiles, keys, overflow."""
 
+import dataclasses
 import functools
 import math
 import os
@@ -16,6 +17,7 @@ import pytest
 from bmrl import budget
 from bmrl.envs import ENVS, make
 from bmrl.rollout import Injection, RolloutConfig, RolloutError, default_format, rollout
+from bmrl.generate import generate
 from bmrl.rollout.baseline import python_loop_rollout
 from bmrl.sampling import SamplingConfig
 from tests.paths import ROOT
@@ -82,6 +84,126 @@ def test_rollout_equals_python_loop(name, temperature, tiny_tokenizer):
     assert (actions >= 0).any(), actions
     if temperature:
         assert len(set(actions.tolist())) > 1, actions
+
+
+WINDOW_CAPS, WINDOW_TASKS = [1, 3, 6, 5, 2, 6, 6, 4], {"seed": np.arange(8, dtype=np.int32) + 100}
+
+
+@pytest.fixture(scope="module")
+def windowed(tiny_tokenizer):
+    """Toolchain, greedy, a history window of 2 turns: the engine's rollout, the naive Python loop's, and the
+    same batch with the whole history (the shapes of `test_rollout_equals_python_loop`: its program)."""
+    env = _env("toolchain", tiny_tokenizer)
+    policy = steered_policy(env, _fmt(env), seed=1, scale=12.0)
+    full_cfg = _cfg(max_turns=6, max_len=512)
+    cfg = dataclasses.replace(full_cfg, history_turns=2)
+    def run(play, cfg):
+        return play(policy, env, WINDOW_TASKS, jnp.array(WINDOW_CAPS), jax.random.key(3), cfg)
+
+    return dict(policy=policy, env=env, engine=run(rollout, cfg), naive=run(python_loop_rollout, cfg),
+                full=run(rollout, full_cfg))
+
+
+def test_windowed_rollout_equals_reprompting_from_scratch(windowed):
+    """Each turn's context rebuilt from the prompt and the last 2 turns: the engine (window re-prefilled in the
+    compiled loop) equals the Python loop that re-prompts from scratch, and `bmrl.generate` on each rebuilt
+    context gives the same greedy replies and log-probs."""
+    win, naive, env = windowed["engine"], windowed["naive"], windowed["env"]
+    _assert_same(win, naive)
+    a, b = win.turn_samples, naive.turn_samples
+    for f in ("tokens", "length", "loss_mask", "turn_of_token"):
+        np.testing.assert_array_equal(np.asarray(getattr(a, f)), np.asarray(getattr(b, f)), err_msg=f)
+    np.testing.assert_allclose(np.asarray(a.logprobs), np.asarray(b.logprobs), atol=1e-5)
+    used = np.asarray(win.turns_used)
+    assert used.max() == 6 and (np.asarray(win.length)[used > 3] < np.asarray(windowed["full"].length)[used > 3]).all()
+
+    rows = [(b, t) for b in range(8) for t in range(used[b])]
+    tokens, mask, lps = (np.asarray(x) for x in (a.tokens, a.loss_mask, a.logprobs))
+    starts = [int(np.argmax(mask[b, t] > 0)) for b, t in rows]  # each reply's first sampled token
+    out = generate(windowed["policy"], [tokens[b, t, :s].tolist() for (b, t), s in zip(rows, starts)],
+                   max_new_tokens=6, key=jax.random.key(0), sampling=SamplingConfig(temperature=0.0),
+                   stop_tokens=_fmt(env).stop_ids, pad_id=_fmt(env).pad_id)
+    for i, ((b, t), s) in enumerate(zip(rows, starts)):
+        sampled = mask[b, t, s:s + 6] > 0
+        np.testing.assert_array_equal(np.asarray(out.tokens[i])[sampled], tokens[b, t, s:s + 6][sampled])
+        np.testing.assert_allclose(np.asarray(out.logprobs[i])[sampled], lps[b, t, s:s + 6][sampled], atol=1e-5)
+
+
+def test_windowed_samples_are_the_history_until_the_window_fills(windowed):
+    """Turns 0-2 saw at most 2 earlier turns: their samples are the whole-history buffer up to their reply
+    (loss on that reply only); later turns' contexts are shorter than the whole history."""
+    win, full = windowed["engine"], windowed["full"]
+    s = jax.tree.map(np.asarray, win.turn_samples)
+    tags, mask = np.asarray(full.turn_of_token), np.asarray(full.loss_mask)
+    np.testing.assert_array_equal(np.asarray(win.action)[:, :3], np.asarray(full.action)[:, :3])
+    for b in range(8):
+        for t in range(int(np.asarray(win.turns_used)[b])):
+            n, own = s.length[b, t], s.turn_of_token[b, t, : s.length[b, t]]
+            if t < 3:  # the whole history up to the end of reply t (its stop token: the last token tagged t)
+                assert n == np.flatnonzero(tags[b] == t).max() + 1, (b, t)
+                np.testing.assert_array_equal(s.tokens[b, t, :n], np.asarray(full.tokens)[b, :n])
+                np.testing.assert_array_equal(s.loss_mask[b, t, :n], mask[b, :n] * (tags[b, :n] == t))
+            else:  # the prompt (turn ids -1 and 0) and turns t-2 .. t only
+                assert set(own.tolist()) == {-1, 0, t - 2, t - 1, t}, (b, t, set(own.tolist()))
+            assert s.loss_mask[b, t].sum() > 0 and (s.turn_of_token[b, t][s.loss_mask[b, t] > 0] == t).all()
+    assert (s.length[~np.asarray(win.turn_active)] == 0).all() and s.loss_mask[~np.asarray(win.turn_active)].sum() == 0
+
+
+def test_sft_windows_demonstrations_as_the_rollout_windows_its_turns(windowed):
+    """The rollout's episodes laid out as demonstrations (their actions replayed, `make_demos`) and cut into
+    windows (`windowed_rows`, what SFT trains on with a history window) are the rollout's own turn samples."""
+    from bmrl.learn.demos import demo_tokens_needed, make_demos, windowed_rows
+
+    win, env = windowed["engine"], windowed["env"]
+    fmt = _fmt(env)
+    actions = np.asarray(win.action)
+    valid = ((actions >= 0) | ~np.asarray(win.turn_active)).all(1)  # rows with an invalid reply cannot be replayed
+    assert valid.sum() >= 4
+    demos = make_demos(env, fmt, WINDOW_TASKS, jax.random.key(3), num_turns=6, noise=0.0, cut_after_error=False,
+                       max_len=demo_tokens_needed(env, fmt, 6), caps=jnp.array(WINDOW_CAPS),
+                       actions=np.where(actions >= 0, actions, 0))
+    tokens, length, mask = (np.asarray(x) for x in windowed_rows(demos, 2, 512))
+    s = jax.tree.map(np.asarray, win.turn_samples.rows())
+    rows = np.repeat(valid, 6)
+    np.testing.assert_array_equal(length[rows], s.length[rows])
+    width = tokens.shape[1]
+    for i in np.flatnonzero(rows):
+        n = length[i]
+        np.testing.assert_array_equal(tokens[i, :n], s.tokens[i, :n])
+        np.testing.assert_array_equal(mask[i, :width], s.loss_mask[i, :width])
+    assert length[rows].max() < length[rows].sum() and mask[rows].sum() == s.loss_mask[rows].sum() > 0
+
+
+def test_learner_trains_each_windowed_turn_on_its_own_sample(windowed):
+    """The learner's log-probs of every sample's reply equal the rollout's sampling log-probs under the same
+    parameters; an update runs over the samples (each reply trained once per epoch) and moves the policy."""
+    from flax import nnx
+
+    from bmrl.config.schema import TrainCfg
+    from bmrl.learn import make_optimizer
+    from bmrl.learn.step import compute_advantages, init_opt_state, learning_rows, make_update, policy_token_logprobs
+
+    win = windowed["engine"]
+    graphdef, params = nnx.split(windowed["policy"])
+    rows = learning_rows(win)
+    assert rows["tokens"].shape == (8 * 6, 512)
+    logp, _ = jax.jit(lambda p, x, n: policy_token_logprobs(graphdef, p, x, n, 0.0))(params, rows["tokens"], rows["length"])
+    sampled = np.asarray(rows["loss_mask"]) > 0
+    np.testing.assert_allclose(np.asarray(logp)[sampled], np.asarray(rows["logp_old"])[sampled], atol=1e-5)
+
+    cfg = TrainCfg(group_size=2, tasks_per_step=4, minibatches=2, advantage="grpo")
+    win = win.replace(reward=win.turn_active * (jnp.arange(8) % 2)[:, None].astype(jnp.float32))  # odd rows win
+    adv = np.asarray(compute_advantages(win, cfg)).reshape(8, 6, -1)
+    assert np.abs(adv).sum() > 0
+    for b, t in zip(*np.nonzero(np.asarray(win.turn_active))):  # the turn's advantage on its reply, once
+        m = sampled.reshape(8, 6, -1)[b, t]
+        assert len(set(adv[b, t][m].tolist())) == 1 and (adv[b, t][~m] == 0).all()
+    optimizer = make_optimizer(lr=1e-2)
+    update = make_update(graphdef, optimizer, cfg, 0.0, donate=False)
+    new, _, metrics = update(params, init_opt_state(optimizer, params), None, win, jax.random.key(0))
+    assert float(metrics["num_tokens"]) == sampled.sum() and np.isfinite(float(metrics["loss"]))
+    assert int(metrics["rows_trained_min"]) == 1 and int(metrics["no_signal_updates"]) < 12
+    assert any(not np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(jax.tree.leaves(new), jax.tree.leaves(params)))
 
 
 def test_caps_hold_exactly(tiny_tokenizer):
