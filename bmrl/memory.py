@@ -16,9 +16,10 @@ rules of `bmrl.parallel` (the optimizer state from `jax.eval_shape(optimizer.ini
 cache is exact for the layout of `bmrl.parallel.cache_sharding`. Activations of the update are an
 estimate from the model's shape (what the backward pass keeps per token and layer, attention scores
 included; with `remat` only each layer's input plus one layer's worth), checked against XLA's
-compiled buffer sizes in tests/test_memory.py. The peak is params + optimizer state (+ the KL
-reference's copy of the params in full fine-tuning) + max(KV cache of the rollout, gradients +
-activations of the update): rollout and update alternate.
+compiled buffer sizes in tests/test_memory.py. The update holds at least its optimizer step's copies
+(`STEP_COPIES`). The peak is params + optimizer state (+ the KL reference's copy of the params in full
+fine-tuning) + max(KV cache of the rollout, the update's max(gradients + activations, step copies)):
+rollout and update alternate.
 
 With LoRA (`bmrl.model.lora`) the parameters are the frozen base (its dtype) plus the float32 adapters;
 gradients and optimizer state are the adapters' alone, the KL reference is the base itself (no copy),
@@ -45,6 +46,13 @@ from bmrl.config import ConfigError
 
 HEADROOM = 0.9  # plan to use at most this fraction of a device (XLA workspace, fragmentation)
 GIB = 2**30
+# The update's optimizer step holds its new params + optimizer state in XLA's temporaries beside the donated
+# inputs (the non-finite and no-signal guard of `bmrl.learn.step.keep_finite` reads all of them before choosing
+# new or old), next to the gradients and activations. Measured (XLA:CPU memory_analysis of the compiled update at
+# the Qwen2.5-0.5B widths, 2 layers, docs/benchmarks.md "Real shapes on CPU"): temporaries 4.82 / 6.91 / 12.23 x
+# the float32 parameter bytes at 2 / 8 / 32 rows; the plan's max(gradients + activations, STEP_COPIES x (params +
+# optimizer state)) is within -13% to +24% of those.
+STEP_COPIES = 2
 
 
 class MemoryPlanError(ConfigError):
@@ -199,12 +207,19 @@ class MemoryPlan:
     notes: tuple[str, ...] = ()
     reference: int = 0  # the KL reference's copy of the params (full fine-tuning with train.kl_coef > 0)
     frozen: int = 0  # of `params`, the frozen base's bytes (LoRA; the rest are the adapters)
+    step_copies: int = 0  # the optimizer step's copies of the trainable params + optimizer state (STEP_COPIES)
+
+    @property
+    def update(self) -> int:
+        """The update's bytes beside the params and optimizer state it is given: the larger of the
+        backward pass's (gradients + activations) and the optimizer step's (`step_copies`)."""
+        return max(self.grads + self.activations, self.step_copies)
 
     @property
     def peak(self) -> int:
         """Params (+ the KL reference) + optimizer state + the larger of the rollout's KV cache and the
-        update's gradients + activations."""
-        return self.params + self.reference + self.opt_state + max(self.kv_cache, self.grads + self.activations)
+        update (`update`)."""
+        return self.params + self.reference + self.opt_state + max(self.kv_cache, self.update)
 
     @property
     def usable(self) -> int:
@@ -227,6 +242,8 @@ class MemoryPlan:
             f"  KV cache (rollout){gib(self.kv_cache)}",
             f"  gradients         {gib(self.grads)}",
             f"  activations       {gib(self.activations)}  (update, estimated)",
+            f"  optimizer step    {gib(self.step_copies)}  ({STEP_COPIES} copies of the trained params + optimizer "
+            "state; the update holds the larger of this and gradients + activations)",
             f"  peak              {gib(self.peak)}  of {gib(self.capacity).strip()} ({self.capacity_source}), "
             f"{self.peak / max(self.capacity, 1):.0%}",
         ]
@@ -239,6 +256,9 @@ class MemoryPlan:
         fixes = []
         if self.params + self.opt_state > 0.5 * self.capacity:
             fixes.append("shard parameters and optimizer state over more devices (raise mesh.fsdp)")
+        if self.step_copies > self.grads + self.activations and self.step_copies >= self.kv_cache:
+            fixes.append("the optimizer step's copies of the parameters and optimizer state set the peak: shard them "
+                         "over more devices (raise mesh.fsdp) or train LoRA adapters (model.lora.rank)")
         if self.activations >= self.kv_cache:
             fixes.append("recompute decoder layers (train.remat=true), split minibatches into micro-batches "
                          "(raise train.microbatches) or raise train.minibatches")
@@ -346,6 +366,8 @@ def plan_memory(
     opt = _abstract_opt_state(optimizer, mcfg, lora)
     param_bytes = _device_bytes(params, param_shardings(params, mesh))
     grads = _device_bytes(trainable, t_sh)
+    opt_bytes = _device_bytes(opt, state_shardings(opt, mesh))
+    step_copies = STEP_COPIES * (grads + opt_bytes)  # the trained params' bytes are the gradients' (before any accumulator)
     notes = []
     if microbatches > 1:  # a float32 accumulator next to the micro-batch gradient
         f32 = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, jnp.float32), trainable)
@@ -361,8 +383,8 @@ def plan_memory(
         notes.append("decoder layers rematerialised in the backward pass")
     capacity, source = capacity if capacity is not None else device_capacity(device_memory_gb)
     reference = param_bytes if kl_reference and lora is None else 0
-    return MemoryPlan(dict(mesh.shape), param_bytes, grads, _device_bytes(opt, state_shardings(opt, mesh)), kv, acts,
-                      capacity, source, tuple(notes), reference, frozen)
+    return MemoryPlan(dict(mesh.shape), param_bytes, grads, opt_bytes, kv, acts, capacity, source, tuple(notes),
+                      reference, frozen, step_copies)
 
 
 def lora_activation_bytes(mcfg: Any, lora: Any, rows: int, seq: int, remat: bool = False) -> int:
@@ -450,6 +472,6 @@ def plan_for_config(cfg: Any, mcfg: Any, mesh: Mesh, optimizer: Any, *, lora: An
                          capacity=device_capacity(cfg.mesh.device_memory_gb))
 
 
-__all__ = ["GIB", "HEADROOM", "MemoryPlan", "MemoryPlanError", "RunShapes", "abstract_mesh", "activation_bytes",
+__all__ = ["GIB", "HEADROOM", "STEP_COPIES", "MemoryPlan", "MemoryPlanError", "RunShapes", "abstract_mesh", "activation_bytes",
            "device_capacity", "kv_cache_bytes", "lora_activation_bytes", "parameter_totals", "plan_for_axes",
            "plan_for_config", "plan_memory", "remat_layers"]

@@ -30,7 +30,7 @@ from typing import Any
 
 from bmrl import memory as memory_lib
 from bmrl.config import ConfigError
-from bmrl.memory import GIB, HEADROOM, MemoryPlan, RunShapes
+from bmrl.memory import GIB, HEADROOM, STEP_COPIES, MemoryPlan, RunShapes
 from bmrl.registry import Registry
 
 GB = 10**9
@@ -270,9 +270,11 @@ class Plan:
             f"    optimizer state   {gib(m.opt_state)}",
             f"    gradients         {gib(m.grads)}" + ("  (with a float32 accumulator)" if s.microbatches > 1 else ""),
             f"    activations       {gib(m.activations)}  (one micro-batch's update, estimated)",
+            f"    optimizer step    {gib(m.step_copies)}  (the update's {STEP_COPIES} copies of the trained parameters "
+            "+ optimizer state)",
             f"    KV cache          {gib(m.kv_cache)}  (a rollout of {s.kv_rows} rows)",
             f"    peak              {gib(m.peak)}  = parameters + optimizer"
-            + (" + reference" if m.reference else "") + " + max(KV cache, gradients + activations)",
+            + (" + reference" if m.reference else "") + " + max(KV cache, gradients + activations, optimizer step)",
             f"    usable            {gib(self.usable)}  = {HEADROOM:.0%} of {size(m.capacity, m.capacity)} "
             f"({m.capacity_source})",
             ("    FITS" if self.fits else "    DOES NOT FIT") + f": margin {'+' if self.margin >= 0 else '-'}"
@@ -296,7 +298,7 @@ class Plan:
             lines += ["", "  to fit (each knob alone, its smallest value that fits):"]
             lines += [f"    {f.text()}" for f in self.fixes if f.knob != "together"]
             lines += [f"  together: {f.text()}" for f in self.fixes if f.knob == "together"]
-            if m.kv_cache >= m.grads + m.activations:
+            if m.kv_cache >= m.update:
                 lines.append(f"  the rollout's KV cache ({size(m.kv_cache, m.capacity)} for {s.kv_rows} rows) sets "
                              "the peak: lower train.tasks_per_step x train.group_size, eval.num_tasks x "
                              "len(eval.ts) or rollout.max_len, or raise mesh.tensor (it splits the KV heads)")
@@ -313,7 +315,7 @@ class Plan:
                       "lora_rank": self.lora_rank, "param_dtype": self.model.param_dtype, "dtype": self.model.dtype},
             "shapes": dataclasses.asdict(self.shapes), "epochs": self.epochs, "steps": self.steps,
             "memory": {"params": m.params, "reference": m.reference, "opt_state": m.opt_state, "grads": m.grads,
-                       "activations": m.activations, "kv_cache": m.kv_cache, "peak": m.peak, "capacity": m.capacity,
+                       "activations": m.activations, "step_copies": m.step_copies, "kv_cache": m.kv_cache, "peak": m.peak, "capacity": m.capacity,
                        "capacity_source": m.capacity_source, "usable": self.usable, "fits": self.fits,
                        "margin": self.margin, "unit": "bytes per device"},
             "time": {**dataclasses.asdict(self.time), "rollout_s": self.time.rollout_s, "step_s": self.time.step_s},

@@ -19,7 +19,7 @@ from bmrl.assembly import lora_spec
 from bmrl.cli import main
 from bmrl.commands import plan as plan_command
 from bmrl.learn import optimizer_from_config
-from bmrl.memory import GIB, activation_bytes, plan_for_config
+from bmrl.memory import GIB, STEP_COPIES, activation_bytes, plan_for_config
 from bmrl.model import ModelConfig
 from bmrl.parallel import MeshConfig, make_mesh
 from tests.paths import REPO
@@ -108,7 +108,8 @@ def test_tiny_model_by_hand(monkeypatch):
     kv_bytes = 2 * layers * rows * L * kv * hd * 4  # keys and values, float32
     assert m.kv_cache == kv_bytes
     assert m.activations == activation_bytes(mcfg, rows, L)
-    assert m.peak == 4 * P + m.opt_state + max(kv_bytes, 4 * P + m.activations)
+    assert m.step_copies == STEP_COPIES * (4 * P + m.opt_state)  # the optimizer step's copies of params + state
+    assert m.peak == 4 * P + m.opt_state + max(kv_bytes, 4 * P + m.activations, m.step_copies)
     assert p.fits and p.margin == int(0.9 * GIB) - m.peak
 
     t = p.time
