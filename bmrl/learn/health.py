@@ -7,7 +7,7 @@ signal says so in its log, its summary and the study's report instead of trainin
 
 The rule (`RULE`): a run is **dead** from the first step at which either held over the last `window`
 steps in a row:
-- *no signal*: every advantage of the batch was 0, so no update was taken (`bmrl.learn.step.keep_if_signal`;
+- *no signal*: every advantage of the batch was 0, so no update was taken (`bmrl.learn.step.keep_finite`;
   with outcome rewards alone: no group's rewards differed), and not every rollout succeeded (a run in which
   every rollout succeeds has nothing left to learn; it is *saturated*, not dead);
 - *invalid actions*: the invalid-action rate of each of those steps was at least `invalid_rise` above

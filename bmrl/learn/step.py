@@ -14,6 +14,11 @@ One `jax.jit` holds the whole update, PureJaxRL style:
             params, opt_state = optimizer step (skipped, and counted, when non-finite;
                                 not taken when every advantage of the minibatch is 0)
 
+With a history window (`rollout.history_turns`) the rows are the trajectory's per-turn samples
+(`learning_rows`: batch x max turns, each turn's context and reply) in minibatches of as many rows as
+without one, so memory does not grow with the turns; the played turns come first in every epoch and a
+minibatch of unplayed turns runs nothing (no step, no metrics).
+
 Memory options (cfg.remat, cfg.microbatches; see `bmrl.memory`): decoder layers recomputed in the
 backward pass, and each minibatch's gradient accumulated over micro-batches (weighted so the sum
 equals the minibatch's gradient). With `shardings`, the jit pins params and optimizer state to
@@ -181,7 +186,8 @@ def make_update(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformationE
             if n_rows == batch:
                 logp_ref = ref_logprobs(rows["tokens"], rows["length"])
             else:  # per-turn samples: a minibatch of rows at a time, so memory does not grow with the turns
-                logp_ref = jax.lax.map(lambda r: ref_logprobs(*r), (rows["tokens"], rows["length"]), batch_size=mb)
+                chunks = jax.tree.map(lambda x: x.reshape((n_rows // mb, mb) + x.shape[1:]), (rows["tokens"], rows["length"]))
+                logp_ref = jax.lax.map(lambda r: ref_logprobs(*r), chunks).reshape(rows["tokens"].shape)
             rows["logp_ref"] = jax.lax.stop_gradient(logp_ref)
         drop_key = jax.random.fold_in(key, DROPOUT_STREAM) if frozen and dropout else None
 
@@ -202,22 +208,34 @@ def make_update(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformationE
                 return loss, m, grads
             return accumulate_grads(loss_of, p, data, micro, cfg.aggregation)
 
+        per_turn = n_rows != batch  # a history window: a row per turn, the turns no row played empty
+        played = rows["loss_mask"].sum(axis=-1) > 0  # [N]
+
         def minibatch_step(carry, xs):
             (p, s), (idx, epoch) = carry, xs
             data = jax.tree.map(lambda x: x[idx], rows)
             if drop_key is not None:  # one dropout key per (epoch, first row of each micro-batch)
                 data["draw"] = epoch * n_rows + idx
-            loss, m, grads = grads_of(p, data)
+            if per_turn:  # a minibatch of unplayed turns only (they come last) computes nothing and takes no step
+                ran = jnp.any(played[idx])
+                none = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), jax.eval_shape(grads_of, p, data))
+                loss, m, grads = jax.lax.cond(ran, lambda: grads_of(p, data), lambda: none)
+                m = dict(m, ran=ran)
+            else:
+                loss, m, grads = grads_of(p, data)
             grad_norm = optax.tree.norm(grads)
             updates, s_new = optimizer.update(grads, s, p, loss=loss)
-            p_new, s_new, signal = keep_if_signal(p, s, optax.apply_updates(p, updates), s_new, data["adv"])
-            p, s = keep_finite(p, s, p_new, s_new, loss, grad_norm)  # a non-finite loss is counted, signal or not
-            m = dict(m, grad_norm=grad_norm, skipped=skip_counts(s)["consecutive_skips"] > 0, no_signal=~signal,
-                     touched=jnp.zeros((n_rows,), jnp.int32).at[idx].add(1))
+            signal = signal_of(data["adv"])
+            p, s = keep_finite(p, s, optax.apply_updates(p, updates), s_new, loss, grad_norm, signal)
+            ran = m.get("ran", True)  # (a minibatch that ran nothing is no step: neither skipped nor without signal)
+            m = dict(m, grad_norm=grad_norm, skipped=(skip_counts(s)["consecutive_skips"] > 0) & ran,
+                     no_signal=~signal & ran, touched=jnp.zeros((n_rows,), jnp.int32).at[idx].add(1))
             return (p, s), m
 
         def epoch_step(carry, epoch):
             perm = jax.random.permutation(jax.random.fold_in(key, epoch), n_rows)
+            if per_turn:  # the played turns first, in the permutation's order
+                perm = perm[jnp.argsort(~played[perm], stable=True)]
             steps = n_rows // mb  # train.minibatches, or per-turn samples in minibatches of as many rows
             return jax.lax.scan(minibatch_step, carry, (perm.reshape(steps, mb), jnp.full(steps, epoch)))
 
@@ -226,7 +244,12 @@ def make_update(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformationE
         touched = ms.pop("touched").sum(axis=(0, 1))  # [N] times each row was trained on
         skipped = ms.pop("skipped")
         no_signal = ms.pop("no_signal")
-        metrics = {k: jnp.mean(v) for k, v in ms.items()}  # mean over epochs x minibatches
+        if per_turn:  # means over the minibatches that ran; every played turn counts, the unplayed ones not
+            ran = ms.pop("ran").astype(jnp.float32)
+            metrics = {k: jnp.sum(v * ran) / jnp.maximum(ran.sum(), 1.0) for k, v in ms.items()}
+            touched = jnp.where(played, touched, jnp.iinfo(jnp.int32).max)
+        else:
+            metrics = {k: jnp.mean(v) for k, v in ms.items()}  # mean over epochs x minibatches
         metrics.update(
             ratio_max=jnp.max(ms["ratio_max"]),
             num_tokens=jnp.sum(ms["num_tokens"]) / epochs,
@@ -286,34 +309,44 @@ def accumulate_grads(loss_of, params: Any, data: dict, micro: int, aggregation: 
 
 
 def keep_finite(params: Any, state: Any, new_params: Any, new_state: Any, loss: jax.Array,
-                grad_norm: jax.Array) -> tuple[Any, Any]:
-    """(new_params, new_state) when the loss, the gradients' global norm and every new parameter and
-    optimizer-state value are finite; else (params, state) with the skip counted in `state` (a
-    `SkipNonFiniteState`). `skip_nonfinite` sees only the gradients; this also catches an update
-    that overflows after them (a huge learning rate, Adam's squared gradients), in one fused check."""
+                grad_norm: jax.Array, signal: jax.Array | bool = True) -> tuple[Any, Any]:
+    """The step's (params, state): (new_params, new_state) when the minibatch has `signal` and the loss, the
+    gradients' global norm and every new parameter and optimizer-state value are finite; (params, state) when it
+    has no signal; else (params, state) with the skip counted in `state` (a `SkipNonFiniteState`), signal or not.
+
+    Non-finite: `skip_nonfinite` sees only the gradients; this also catches an update that overflows after them
+    (a huge learning rate, Adam's squared gradients), in one fused check.
+
+    No signal (`signal` = any advantage non-zero, `signal_of`): a minibatch whose group rewards are all equal
+    changes nothing. Without this guard Adam still steps on a zero gradient: its bias-corrected update
+    m_hat / sqrt(v_hat) decays roughly as b1^k * sqrt(k + 1) after the last real step and does not depend on
+    that step's size, so the weights keep moving in its direction, 5.0 real steps' worth in all at Adam's
+    defaults (4.4 in the first 20 empty steps), while nothing in the batch asks for it
+    (docs/training_stability.md). The moments and Adam's step count stay as they were too, so the next batch
+    with signal is stepped as if the empty ones had not happened. A KL or entropy term alone is not signal.
+
+    One elementwise select per value, not a `lax.cond` over the whole (params, state): XLA kept a copy of the
+    new values in temporaries for each such cond (two in a row: 6x the parameters' bytes beside the donated
+    inputs at Qwen2.5-0.5B's widths, compiled on CPU); a select fuses into the update's own output."""
     if not isinstance(state, SkipNonFiniteState):
         raise ValueError("the optimizer state must be a SkipNonFiniteState: build the optimizer with "
                          "make_optimizer() or wrap it in skip_nonfinite().")
-    ok = jnp.isfinite(loss) & jnp.isfinite(grad_norm) & all_finite((new_params, new_state))
-    skipped = state._replace(consecutive_skips=state.consecutive_skips + 1, total_skips=state.total_skips + 1,
-                             last_finite=jnp.asarray(False))
-    return jax.lax.cond(ok, lambda: (new_params, new_state), lambda: (params, skipped))
+    signal = jnp.asarray(signal, bool)
+    ok = jnp.isfinite(loss) & jnp.isfinite(grad_norm) & (~signal | all_finite((new_params, new_state)))
+    kept = state._replace(consecutive_skips=jnp.where(ok, state.consecutive_skips, state.consecutive_skips + 1),
+                          total_skips=jnp.where(ok, state.total_skips, state.total_skips + 1),
+                          last_finite=jnp.where(ok, state.last_finite, False))
+    take = signal & ok
+
+    def pick(new, old):
+        return jax.tree.map(lambda n, o: jnp.where(take, n, o), new, old)
+
+    return pick(new_params, params), pick(new_state, kept)
 
 
-def keep_if_signal(params: Any, state: Any, new_params: Any, new_state: Any,
-                   adv: jax.Array) -> tuple[Any, Any, jax.Array]:
-    """(new_params, new_state, True) when any advantage of the minibatch is non-zero, else (params, state,
-    False): a minibatch that carries no signal (every group's rewards equal) changes nothing.
-
-    Without this guard Adam still steps on a zero gradient: its bias-corrected update m_hat / sqrt(v_hat)
-    decays roughly as b1^k * sqrt(k + 1) after the last real step and does not depend on that step's size,
-    so the weights keep moving in its direction, 5.0 real steps' worth in all at Adam's defaults (4.4 in the
-    first 20 empty steps), while nothing in the batch asks for it (docs/training_stability.md). The moments and Adam's step count stay as they were too, so the next
-    batch with signal is stepped as if the empty ones had not happened. A KL or entropy term alone is
-    not signal: with `train.kl_coef > 0` such a minibatch is skipped as well."""
-    signal = jnp.any(adv != 0)
-    p, s = jax.lax.cond(signal, lambda: (new_params, new_state), lambda: (params, state))
-    return p, s, signal
+def signal_of(adv: jax.Array) -> jax.Array:
+    """bool[]: the minibatch carries signal, some advantage is non-zero (`keep_finite`)."""
+    return jnp.any(adv != 0)
 
 
 def groups_with_signal(rewards: jax.Array, group_size: int) -> jax.Array:
@@ -342,9 +375,9 @@ __all__ = [
     "groups_with_signal",
     "init_opt_state",
     "keep_finite",
-    "keep_if_signal",
     "learning_rows",
     "make_update",
     "policy_token_logprobs",
     "sequence_mask",
+    "signal_of",
 ]

@@ -205,6 +205,13 @@ def test_learner_trains_each_windowed_turn_on_its_own_sample(windowed):
     assert int(metrics["rows_trained_min"]) == 1 and int(metrics["no_signal_updates"]) < 12
     assert any(not np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(jax.tree.leaves(new), jax.tree.leaves(params)))
 
+    # A KL term: the reference's log-probs, computed a minibatch of samples at a time, are the policy's on every
+    # row (the policy left in place, lr 0: KL exactly 0, the ratio 1 on every sampled token).
+    frozen_lr = make_optimizer(lr=0.0)
+    kl_update = make_update(graphdef, frozen_lr, dataclasses.replace(cfg, kl_coef=0.5), 0.0, donate=False)
+    _, _, m = kl_update(params, init_opt_state(frozen_lr, params), params, win, jax.random.key(0))
+    assert abs(float(m["kl"])) < 1e-6 and float(m["ratio_max"]) < 1 + 1e-5 and np.isfinite(float(m["loss"]))
+
 
 def test_caps_hold_exactly(tiny_tokenizer):
     env = _env("corridor", tiny_tokenizer, show_budget=True)
