@@ -89,8 +89,8 @@ def make_evaluator(graphdef, run, cfg, tasks, mesh):
     """Pass@(1,T) at every T of `cfg.eval.ts` on `tasks` (the run player's held-out tasks), one attempt each,
     each T an exact cap: `bmrl.eval.run.evaluate_config` (the one evaluator) with rows sharded over the
     training mesh and gathered across processes. Returns `evaluate(params, key) -> {T: (success rate,
-    standard error)}`; its `trace_count()` counts the compiles of its own (an evaluation that samples like
-    training, at the training batch shape, reuses the training rollout program)."""
+    standard error)}`; its `trace_count()` counts the compiles of its own (the program "eval_rollout", apart
+    from training's "rollout" even where their shapes and sampling agree)."""
     ts = list(cfg.eval.ts)
     n = run.player.count(tasks)
     place = lambda tree: shard_batch(jax.tree.map(jnp.asarray, tree), mesh)  # noqa: E731
