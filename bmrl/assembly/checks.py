@@ -9,7 +9,7 @@ from __future__ import annotations
 import warnings
 
 from bmrl.budget import cap_range
-from bmrl.config import Config, ConfigError
+from bmrl.config import Config, ConfigError, is_python_env
 from bmrl.learn.demos import demo_tokens_needed
 from bmrl.rollout.scripts import NEXT_ORACLE
 from bmrl.rollout.types import held_turns
@@ -135,3 +135,31 @@ def check_buffer(cfg: Config, env, fmt, budget) -> list[str]:
 
 
 __all__ = ["check_buffer", "check_first_turn", "check_oracle", "check_reply", "fitting_cap"]
+
+
+def check_batch_split(cfg: Config, run, devices: int | None = None) -> None:
+    """`bmrl train` and `bmrl reproduce`: refuse rows that do not split over the mesh's batch axes (data x fsdp
+    of `run.mesh` on `devices`, default every device): a training rollout's (tasks_per_step + oversample) x
+    group_size rows and a JAX env's held-out tasks each training evaluation plays at once (`bmrl.train.Trainer`)
+    are placed with their leading axis split over those devices."""
+    import jax
+
+    from bmrl.parallel import mesh_shape
+
+    axes = mesh_shape(run.mesh, jax.device_count() if devices is None else devices)
+    ways = axes["data"] * axes["fsdp"]
+    t, player = cfg.train, run.player
+    rows = (t.tasks_per_step + t.oversample) * t.group_size
+    if rows % ways:
+        raise ConfigError("train.tasks_per_step", f"{t.tasks_per_step} (+ oversample {t.oversample}) x group_size "
+                          f"{t.group_size} = {rows} rollout rows do not split over the mesh's data x fsdp = {ways} "
+                          f"devices; make the rows a multiple of {ways}, or set mesh.data / mesh.fsdp so they divide.")
+    if is_python_env(cfg):  # a Python env's evaluation plays its tasks on the host
+        return
+    for split in sorted({player.eval_split(), "test"}):
+        n = min(cfg.eval.num_tasks, player.count(player.tasks(split, max(cfg.eval.num_tasks, 1))))
+        if n % ways:
+            raise ConfigError("eval.num_tasks", f"each training evaluation plays {n} {split} tasks at once, which do not "
+                              f"split over the mesh's data x fsdp = {ways} devices; set eval.num_tasks to a multiple "
+                              f"of {ways} (the {split} split permitting).")
+

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from bmrl.assembly.checks import check_batch_split
 from bmrl.assembly.players import player_class
 from bmrl.assembly.policy import build_tokenizer
 from bmrl.assembly.settings import mesh_config, rollout_config
@@ -64,7 +65,15 @@ def build_reproduce_run(cfg: Config) -> Run:
     run.player.check_demos()  # the SFT base plays the env's oracle (a Python env must name it)
     for budget in budgets.values():
         run.player.check_fits(budget)
+    check_batch_split(cfg, run)  # its RL stages place their rows on the mesh
     return run
 
 
-__all__ = ["Run", "build_reproduce_run", "build_run"]
+def build_train_run(cfg: Config) -> Run:
+    """`build_run` for `bmrl train`: also checks that its rows split over the mesh (`check_batch_split`)."""
+    run = build_run(cfg)
+    check_batch_split(cfg, run)
+    return run
+
+
+__all__ = ["Run", "build_reproduce_run", "build_run", "build_train_run"]

@@ -32,7 +32,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    cfg, built = load_run(args, "train")
+    from bmrl.assembly import build_train_run
+
+    cfg, built = load_run(args, "train", build_train_run)
     from bmrl.checkpoint import (
         CheckpointMismatch,
         CheckpointNonFinite,

@@ -363,3 +363,28 @@ def test_shipped_configs_pass_every_check():
         assert run.env.name == (cfg.env.entry if cfg.env.kind == "python" else cfg.env.name)
         checked.append(f.name)
     assert {"corridor_tiny.yaml", "quickstart.yaml", "python_env.yaml"} <= set(checked)
+
+
+def test_rows_that_do_not_split_over_the_mesh_are_refused(tmp_path):
+    """On 8 devices (data = -1: all of them), `bmrl train`'s rows and each training evaluation's tasks must be
+    multiples of data x fsdp: 4 rollout rows are refused naming train.tasks_per_step, then 2 held-out tasks naming
+    eval.num_tasks; 8 and 8 pass, and 2 and 2 on 2 devices."""
+    from bmrl.assembly import build_run
+    from bmrl.assembly.checks import check_batch_split
+    from bmrl.config import ConfigError, load
+
+    path = tmp_path / "cfg.yaml"
+    path.write_text(BASE)
+
+    def check(*overrides, devices=8):
+        cfg = load(str(path), ["data.test_size=8", "data.val_size=8", *overrides])
+        check_batch_split(cfg, build_run(cfg), devices=devices)
+
+    with pytest.raises(ConfigError) as err:
+        check()
+    assert err.value.key == "train.tasks_per_step" and "4 rollout rows" in str(err.value) and "= 8 devices" in str(err.value)
+    with pytest.raises(ConfigError) as err:
+        check("train.tasks_per_step=4")
+    assert err.value.key == "eval.num_tasks" and "a multiple of 8" in str(err.value)
+    check("train.tasks_per_step=4", "eval.num_tasks=8")
+    check("train.tasks_per_step=1", "eval.num_tasks=2", devices=2)
