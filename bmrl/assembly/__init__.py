@@ -20,14 +20,13 @@ from bmrl.assembly.checks import fitting_cap
 from bmrl.assembly.players import HostPlayer, JaxPlayer, player_class, split_tasks, suite_summary
 from bmrl.assembly.policy import base_dir, build_tokenizer, init_policy, load_policy, lora_spec, model_config, new_policy, with_lora
 from bmrl.assembly.python_env import SIZE_KEYS, host_config, python_parts, python_sizes, python_splits
-from bmrl.assembly.run import Run, build_reproduce_run, build_run, build_train_run
+from bmrl.assembly.run import Run, build_reproduce_run, build_run
 from bmrl.assembly.settings import mesh_config, rollout_config
 from bmrl.assembly.tasks import data_dir, run_splits, suite_line, suite_sizes
 from bmrl.config import make_budget  # noqa: F401 - re-exported: the budget of a run's section
 
 __all__ = [
     "HostPlayer", "JaxPlayer", "Run", "SIZE_KEYS", "base_dir", "build_reproduce_run", "build_run", "build_tokenizer",
-    "build_train_run",
     "data_dir", "fitting_cap", "host_config", "init_policy", "load_policy", "lora_spec", "mesh_config", "model_config",
     "new_policy", "player_class", "python_parts", "python_sizes", "python_splits", "rollout_config", "run_splits",
     "split_tasks", "suite_line", "suite_sizes", "suite_summary", "with_lora",

@@ -9,7 +9,7 @@ from __future__ import annotations
 import warnings
 
 from bmrl.budget import cap_range
-from bmrl.config import Config, ConfigError, is_python_env
+from bmrl.config import Config, ConfigError
 from bmrl.learn.demos import demo_tokens_needed
 from bmrl.rollout.scripts import NEXT_ORACLE
 from bmrl.rollout.types import held_turns
@@ -154,7 +154,7 @@ def check_batch_split(cfg: Config, run, devices: int | None = None) -> None:
         raise ConfigError("train.tasks_per_step", f"{t.tasks_per_step} (+ oversample {t.oversample}) x group_size "
                           f"{t.group_size} = {rows} rollout rows do not split over the mesh's data x fsdp = {ways} "
                           f"devices; make the rows a multiple of {ways}, or set mesh.data / mesh.fsdp so they divide.")
-    if is_python_env(cfg):  # a Python env's evaluation plays its tasks on the host
+    if not player.evaluates_on_mesh:  # a Python env's evaluation plays its tasks on the host
         return
     for split in sorted({player.eval_split(), "test"}):
         n = min(cfg.eval.num_tasks, player.count(player.tasks(split, max(cfg.eval.num_tasks, 1))))

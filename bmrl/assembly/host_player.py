@@ -39,6 +39,7 @@ class HostPlayer:
     env: Any  # bmrl.rollout.pyenv.PythonEnv, its tasks inside
     fmt: Any
     replays_states: ClassVar[bool] = False  # its states live in user code: no probes, no injection
+    evaluates_on_mesh: ClassVar[bool] = False  # its evaluations play on the host, not over the mesh
 
     # ---- the kind's facts from the config alone (before, or without, a built env) ----
 

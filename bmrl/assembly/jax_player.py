@@ -34,6 +34,7 @@ class JaxPlayer:
     env: Any  # bmrl.envs.Env
     fmt: Any  # bmrl.formats.Format
     replays_states: ClassVar[bool] = True  # probes and error injection can replay its oracle states
+    evaluates_on_mesh: ClassVar[bool] = True  # a training evaluation's tasks are placed over data x fsdp
 
     # ---- the kind's facts from the config alone (before, or without, a built env) ----
 

@@ -69,11 +69,4 @@ def build_reproduce_run(cfg: Config) -> Run:
     return run
 
 
-def build_train_run(cfg: Config) -> Run:
-    """`build_run` for `bmrl train`: also checks that its rows split over the mesh (`check_batch_split`)."""
-    run = build_run(cfg)
-    check_batch_split(cfg, run)
-    return run
-
-
-__all__ = ["Run", "build_reproduce_run", "build_run", "build_train_run"]
+__all__ = ["Run", "build_reproduce_run", "build_run"]

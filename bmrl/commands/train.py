@@ -32,9 +32,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bmrl.assembly import build_train_run
+    from bmrl import assembly
+    from bmrl.assembly.checks import check_batch_split
 
-    cfg, built = load_run(args, "train", build_train_run)
+    def build(cfg):  # the run, and its rows split over the mesh
+        run = assembly.build_run(cfg)
+        check_batch_split(cfg, run)
+        return run
+
+    cfg, built = load_run(args, "train", build)
     from bmrl.checkpoint import (
         CheckpointMismatch,
         CheckpointNonFinite,

@@ -201,8 +201,8 @@ def python_loop_rollout(
     out["progress"] = np.take_along_axis(out["progress"], last, axis=1)
     final = [context(b, held=None if H is None else H + 1) for b in range(batch)]  # the window and the last reply
 
-    def padded(rows, fill, dtype, width=L):
-        arr = np.full((len(rows), width), fill, dtype)
+    def padded(rows, fill, dtype):
+        arr = np.full((len(rows), L), fill, dtype)
         for b, r in enumerate(rows):
             arr[b, : len(r)] = r
         return arr

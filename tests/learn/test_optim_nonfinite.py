@@ -64,3 +64,28 @@ def test_cli_diverged_run_exits_3_naming_step_and_checkpoint(tmp_path, capsys, m
     assert status == 3, err
     assert "stopping at step 1" in err and "Last good checkpoint: none" in err and "Traceback" not in err
     assert not (tmp_path / "run" / "summary.json").exists()
+
+
+def test_one_guard_for_no_signal_and_non_finite_steps():
+    """`keep_finite` with `signal`: a minibatch without signal keeps params and state as they were (no skip
+    counted), a non-finite loss is counted signal or not, and only a finite step with signal is taken."""
+    params = {"w": jnp.ones((4, 3))}
+    tx = make_optimizer(1e-3)
+    state = tx.init(params)
+    grads = jax.tree.map(jnp.ones_like, params)
+    updates, new_state = tx.update(grads, state, params, loss=jnp.float32(1.0))
+    new_params = optax.apply_updates(params, updates)
+    norm = optax.tree.norm(grads)
+
+    def run(loss, signal):
+        p, s = step_lib.keep_finite(params, state, new_params, new_state, jnp.float32(loss), norm, jnp.bool_(signal))
+        return flat(p), int(skip_counts(s)["total_skips"]), flat(s.inner_state)
+
+    p, skips, inner = run(1.0, True)
+    assert p.tobytes() == flat(new_params).tobytes() and skips == 0 and inner.tobytes() == flat(new_state.inner_state).tobytes()
+    for loss, counted in ((1.0, 0), (float("nan"), 1)):  # no signal: nothing moves; a NaN loss is still counted
+        p, skips, inner = run(loss, False)
+        assert p.tobytes() == flat(params).tobytes() and inner.tobytes() == flat(state.inner_state).tobytes()
+        assert skips == counted
+    assert run(float("nan"), True)[1] == 1 and run(float("nan"), True)[0].tobytes() == flat(params).tobytes()
+    assert bool(step_lib.signal_of(jnp.zeros(3))) is False and bool(step_lib.signal_of(jnp.array([0.0, -1e-9, 0.0])))
