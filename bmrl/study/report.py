@@ -22,11 +22,9 @@ F1_SAYS = {"as_study": "so RL's gain shrinks when the budget is tight",
 def finding_sentences(study: Study, rep) -> list[str]:
     """What was measured for each finding, in plain sentences; each conclusion is its verdict's."""
     f1, f2, f3 = study.findings
-    gl, gs, gd = (f1.intervals[k] for k in ("gain_large", "gain_small", "gain_large_minus_small"))
-    t_large, t_small = f1.facts["T_large"], f1.facts["T_small"]
+    t_large = f1.facts["T_large"]
     s1 = (f"1. Budget dependence: RL with the generous budget ({rep.generous}) changed Pass@(1,T) over the base by "
-          f"{gl.format(signed=True)} at T={t_large} and by {gs.format(signed=True)} at T={t_small}; the gain at "
-          f"T={t_large} minus the gain at T={t_small} is {gd.format(signed=True)}, {F1_SAYS[f1.verdict.verdict]}.")
+          f"{_f1_gains(f1)}.")
     on = f2.levels
     extra = ""
     if "delta_probe_accuracy" in on:
@@ -47,14 +45,19 @@ def finding_sentences(study: Study, rep) -> list[str]:
     return [s1, s2, s3] + [_advantage_sentence(name, f, rep) for name, f in study.advantage_f1.items()]
 
 
-def _advantage_sentence(name: str, f1, rep) -> str:
-    """F1's measure and rule for a variant trained with another advantage estimator (`reproduce.advantage`)."""
+def _f1_gains(f1) -> str:
+    """What F1 measured, from "changed Pass@(1,T) over the base by ..." on: the two gains, their difference and
+    what its verdict says."""
     gl, gs, gd = (f1.intervals[k] for k in ("gain_large", "gain_small", "gain_large_minus_small"))
     t_large, t_small = f1.facts["T_large"], f1.facts["T_small"]
+    return (f"{gl.format(signed=True)} at T={t_large} and by {gs.format(signed=True)} at T={t_small}; the gain at "
+            f"T={t_large} minus the gain at T={t_small} is {gd.format(signed=True)}, {F1_SAYS[f1.verdict.verdict]}")
+
+
+def _advantage_sentence(name: str, f1, rep) -> str:
+    """F1's measure and rule for a variant trained with another advantage estimator (`reproduce.advantage`)."""
     return (f"Budget dependence with {rep.advantage[name]} advantages ({name}): Pass@(1,T) over the base changed by "
-            f"{gl.format(signed=True)} at T={t_large} and by {gs.format(signed=True)} at T={t_small}; the gain at "
-            f"T={t_large} minus the gain at T={t_small} is {gd.format(signed=True)}, {F1_SAYS[f1.verdict.verdict]} "
-            f"(F1's rule: {f1.verdict.verdict}).")
+            f"{_f1_gains(f1)} (F1's rule: {f1.verdict.verdict}).")
 
 
 def summary_table(pooled: dict, study: Study, names: list[str], ks: tuple[int, ...], ts: tuple[int, ...]) -> tuple[str, dict]:
