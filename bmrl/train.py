@@ -51,6 +51,7 @@ from bmrl import compiles as compiles_lib
 from bmrl import config as config_lib
 from bmrl import memory as memory_lib
 from bmrl.assembly import Run, base_dir, build_run, init_policy, lora_spec
+from bmrl.assembly.checks import evaluation_tasks
 from bmrl.assembly.learner import Learner
 from bmrl.checkpoint import Checkpointer, key_data
 from bmrl.distributed import TRANSFERS, main_writes, process_info, to_host, warm_collectives
@@ -200,8 +201,7 @@ class Trainer:
         self.progress, self.on_step = progress, on_step
         self.batch = (t.tasks_per_step + t.oversample) * t.group_size  # rollout rows (dynamic sampling: more)
         self.train_tasks = self.player.tasks("train")
-        self.held_out = {s: self.player.tasks(s, max(cfg.eval.num_tasks, 1))
-                         for s in {run.player.eval_split(), "test"}}  # in between: validation; first and last: test
+        self.held_out = evaluation_tasks(cfg, self.player)  # in between: validation; first and last: test
         self.compile_history: list[int] = []
         self.transfer_s = self.eval_transfer_s = 0.0  # seconds spent gathering rows across processes
 
@@ -234,8 +234,8 @@ class Trainer:
         budget, batch = self.run.budget, self.batch
         self.sample_caps = compiles_lib.counted_jit(
             lambda key: budget.sample(key, batch, t.group_size, cfg.budget.share_in_group), name="budget_sample")
-        self.evaluators = {s: make_evaluator(learner.graphdef, self.run, cfg, self.player.take(tasks, np.arange(
-            min(cfg.eval.num_tasks, self.player.count(tasks)))), self.mesh) for s, tasks in self.held_out.items()}
+        self.evaluators = {s: make_evaluator(learner.graphdef, self.run, cfg, tasks, self.mesh)
+                           for s, tasks in self.held_out.items()}
         self.counted_before = compiles_lib.counts()
         self.logger = MetricsLogger(self.out, start_step=state.step, keep_records=state.record.metrics_records)
         _keep_faults_up_to(self.out, state.step)  # faults after the checkpoint are logged again by the replayed steps

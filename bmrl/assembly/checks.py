@@ -7,6 +7,9 @@ its kind; static checks of the config are `bmrl.config.validate`.
 from __future__ import annotations
 
 import warnings
+from typing import Any
+
+import numpy as np
 
 from bmrl.budget import cap_range
 from bmrl.config import Config, ConfigError
@@ -156,10 +159,20 @@ def check_batch_split(cfg: Config, run, devices: int | None = None) -> None:
                           f"devices; make the rows a multiple of {ways}, or set mesh.data / mesh.fsdp so they divide.")
     if not player.evaluates_on_mesh:  # a Python env's evaluation plays its tasks on the host
         return
-    for split in sorted({player.eval_split(), "test"}):
-        n = min(cfg.eval.num_tasks, player.count(player.tasks(split, max(cfg.eval.num_tasks, 1))))
+    for split, tasks in sorted(evaluation_tasks(cfg, player).items()):
+        n = player.count(tasks)
         if n % ways:
             raise ConfigError("eval.num_tasks", f"each training evaluation plays {n} {split} tasks at once, which do not "
                               f"split over the mesh's data x fsdp = {ways} devices; set eval.num_tasks to a multiple "
                               f"of {ways} (the {split} split permitting).")
 
+
+def evaluation_tasks(cfg: Config, player: Any) -> dict[str, Any]:
+    """The held-out tasks each training evaluation plays at once (`bmrl.train.Trainer`; `check_batch_split`), by
+    split: the first `eval.num_tasks` (fewer where the split holds fewer) of the split training evaluates on in
+    between (`player.eval_split()`) and of "test" (its first and last evaluations)."""
+    out = {}
+    for split in {player.eval_split(), "test"}:
+        tasks = player.tasks(split, max(cfg.eval.num_tasks, 1))
+        out[split] = player.take(tasks, np.arange(min(cfg.eval.num_tasks, player.count(tasks))))
+    return out
