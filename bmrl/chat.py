@@ -20,6 +20,7 @@ Models without a chat template use `bmrl.formats.plain_format` through `make_for
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import numpy as np
@@ -28,6 +29,7 @@ from bmrl.formats import (
     ANSWER_CLOSE,
     ANSWER_OPEN,
     ANSWER_SEP,
+    HISTORIES,
     THINK_CLOSE,
     THINK_OPEN,
     Format,
@@ -50,6 +52,14 @@ class ChatFormatError(ValueError):
 
 class TagLayoutError(ChatFormatError):
     """think_answer tags that the tokenizer merges with an action (`make_format`)."""
+
+
+class HistoryError(ChatFormatError):
+    """`format.history: template` with a template whose history rewrite the rollout cannot follow."""
+
+
+_FOLLOWED = ("The template drops the reasoning of earlier replies, and so does the rollout (format.history: "
+             "template): each turn trains on the context it saw, as its own sample.")
 
 
 def has_chat_template(tokenizer) -> bool:
@@ -101,14 +111,19 @@ def _is_special(tokenizer, tok_id: int) -> bool:
     return tok_id in set(tokenizer.all_special_ids) or (tok_id in added and added[tok_id].special)
 
 
-def chat_format(tokenizer, instructions: str, *, reply_format: str = "action", system_prompt: str | None = None) -> Format:
+def chat_format(tokenizer, instructions: str, *, reply_format: str = "action", system_prompt: str | None = None,
+                history: str = "whole") -> Format:
     """A Format from `tokenizer.chat_template` with the system prompt built from `instructions`.
 
     The system message is `system_prompt` (optional preamble), `instructions` (task and actions) and
     the reply-format sentence. Templates without a system role get it in the first user message.
+    `history`: `whole` keeps every reply in the context as sampled; `template` follows the template's
+    rewrite of earlier replies (Qwen3 drops their reasoning: `Format.history_cut`).
     Raises ChatFormatError for a tokenizer without a template, an end of turn that is not one special
-    token, or a template whose pieces do not tokenize like the whole conversation.
+    token, or a template whose pieces do not tokenize like the whole conversation; HistoryError for
+    `template` with a template that rewrites nothing, or rewrites in a way the rollout cannot follow.
     """
+    _check_history(history)
     if not has_chat_template(tokenizer):
         raise ChatFormatError("The tokenizer has no chat template; use bmrl.formats.plain_format or make_format.")
     system = system_text(instructions, reply_format, system_prompt)
@@ -157,22 +172,68 @@ def chat_format(tokenizer, instructions: str, *, reply_format: str = "action", s
         prefix=encode(tokenizer, prefix), obs_open=encode(tokenizer, obs_open),
         obs_close=encode(tokenizer, obs_close), reply_close=encode(tokenizer, reply_close),
         stop_ids=(stop,), pad_id=pad_token_id(tokenizer), reply_format=reply_format,
-        system=system, notes=tuple(notes + _probe_notes(tokenizer, system, merge, reply_format, stop_text)),
+        system=system, notes=tuple(notes + _probe_notes(tokenizer, system, merge, reply_format, stop_text, history)),
         **tag_fields(tokenizer, reply_format),
     )
     _verify(tokenizer, fmt, system, merge)
-    return fmt
+    return fmt if history == "whole" else _following_history(tokenizer, fmt, system, merge)
 
 
 def _stream(fmt: Format, tokenizer, turns: list[str]) -> np.ndarray:
-    """Tokens the rollout lays out for user/assistant `turns` (ending with a user turn)."""
+    """Tokens the rollout lays out for user/assistant `turns` (ending with a user turn): each reply as the
+    history keeps it once an observation follows (`Format.kept_from`)."""
     parts = [fmt.prefix]
     for i, content in enumerate(turns):
         if i % 2 == 0:
             parts += [fmt.obs_open, encode(tokenizer, content), fmt.obs_close]
         else:
-            parts += [encode(tokenizer, content), np.asarray(fmt.stop_ids[:1], np.int32), fmt.reply_close]
+            reply = encode(tokenizer, content)
+            parts += [reply[int(fmt.kept_from(reply, len(reply))):], np.asarray(fmt.stop_ids[:1], np.int32),
+                      fmt.reply_close]
     return np.concatenate(parts)
+
+
+def _check_history(history: str) -> None:
+    if history not in HISTORIES:
+        raise ValueError(f"Unknown history {history!r}; valid: {', '.join(HISTORIES)}.")
+
+
+def _think_reply(reasoning: str, sep: str = ANSWER_SEP) -> str:
+    return f"{THINK_OPEN}{reasoning}{THINK_CLOSE}{sep}{ANSWER_OPEN}x{ANSWER_CLOSE}"
+
+
+def _rewrites_history(tokenizer, system: str, merge: bool, reply_format: str) -> bool:
+    """Does the template render a think_answer reply before the last user turn other than as it was sampled?"""
+    if reply_format != "think_answer":
+        return False
+    reply = _think_reply(_REPLY1)
+    return reply not in _render(tokenizer, _messages(system, [_OBS1, reply, _OBS2], merge), True)
+
+
+def _following_history(tokenizer, fmt: Format, system: str, merge: bool) -> Format:
+    """`fmt` with the template's history rewrite (`format.history: template`): an earlier reply keeps what
+    follows its last `</think>`, left-stripped of newline tokens, as Qwen3's template renders it; checked in
+    tokens against the template on probe replies."""
+    if not _rewrites_history(tokenizer, system, merge, fmt.reply_format):
+        raise HistoryError(
+            "format.history=template follows a chat template that rewrites earlier replies (Qwen3 drops their "
+            f"reasoning); this one renders {fmt.reply_format} replies in the history as they were sampled. "
+            "Set format.history: whole."
+        )
+    newlines = {int(ids[0]) for k in (1, 2, 3, 4) if len(ids := encode(tokenizer, "\n" * k)) == 1}
+    out = dataclasses.replace(fmt, history_cut=encode(tokenizer, THINK_CLOSE), history_strip=tuple(sorted(newlines)),
+                              notes=fmt.notes + (_FOLLOWED,))
+    for reply in (_think_reply(_REPLY1), _think_reply(_REPLY1, "\n\n"), "bmrlnothinkzq"):
+        turns = [_OBS1, reply, _OBS2]
+        want = encode(tokenizer, _render(tokenizer, _messages(system, turns, merge), True))
+        got = _stream(out, tokenizer, turns)
+        if not np.array_equal(want, got):
+            raise HistoryError(
+                "The chat template rewrites earlier replies in a way the rollout cannot follow in tokens (after "
+                f"the last {THINK_CLOSE}, newlines stripped): template {want.tolist()} vs rollout {got.tolist()} "
+                f"for the reply {reply!r}. Set format.history: whole."
+            )
+    return out
 
 
 def _verify(tokenizer, fmt: Format, system: str, merge: bool) -> None:
@@ -187,7 +248,7 @@ def _verify(tokenizer, fmt: Format, system: str, merge: bool) -> None:
         )
 
 
-def _probe_notes(tokenizer, system: str, merge: bool, reply_format: str, stop_text: str) -> list[str]:
+def _probe_notes(tokenizer, system: str, merge: bool, reply_format: str, stop_text: str, history: str) -> list[str]:
     """Template behaviours the fragments reproduce only approximately, found by rendering probes."""
     notes = []
     padded = f" {_OBS1} \n"
@@ -200,13 +261,11 @@ def _probe_notes(tokenizer, system: str, merge: bool, reply_format: str, stop_te
     ending = last.split(_REPLY1)[-1]
     if not ending.startswith(stop_text):
         notes.append(f"The template ends the final assistant turn with {ending!r}, not with {stop_text!r}.")
-    if reply_format == "think_answer":
-        reply = f"{THINK_OPEN}{_REPLY1}{THINK_CLOSE}{ANSWER_SEP}{ANSWER_OPEN}x{ANSWER_CLOSE}"
-        if reply not in _render(tokenizer, _messages(system, [_OBS1, reply, _OBS2], merge), True):
-            notes.append(
-                "The template rewrites think_answer replies in the history (e.g. drops the reasoning); the "
-                "rollout keeps every reply whole in the context."
-            )
+    if history == "whole" and _rewrites_history(tokenizer, system, merge, reply_format):
+        notes.append(
+            "The template rewrites think_answer replies in the history (e.g. drops the reasoning); the "
+            "rollout keeps every reply whole in the context (format.history: template follows the template)."
+        )
     return notes
 
 
@@ -217,15 +276,22 @@ def make_format(
     *,
     system_prompt: str | None = None,
     action_strings: tuple[str, ...] | None = None,
+    history: str = "whole",
 ) -> Format:
     """The chat format if `tokenizer` has a chat template, else the plain built-in one.
 
     With `action_strings` and `think_answer`, refuses tags that BPE would merge with an action
     (`check_answer_layout`); make them special tokens (`bmrl.formats.add_tag_tokens`) or change the tags.
+    `history` is `chat_format`'s; the plain format has no template to follow (`template`: HistoryError).
     """
     if has_chat_template(tokenizer):
-        fmt = chat_format(tokenizer, instructions, reply_format=reply_format, system_prompt=system_prompt)
+        fmt = chat_format(tokenizer, instructions, reply_format=reply_format, system_prompt=system_prompt,
+                          history=history)
     else:
+        _check_history(history)
+        if history != "whole":
+            raise HistoryError("format.history=template follows a chat template's rewrite of earlier replies; this "
+                               "tokenizer has none (the plain format keeps replies whole). Set format.history: whole.")
         text = instructions if not system_prompt else f"{system_prompt} {instructions}"
         fmt = plain_format(tokenizer, text, reply_format)
     bad = check_answer_layout(tokenizer, fmt, action_strings or ())
@@ -239,8 +305,8 @@ def make_format(
 
 
 @functools.lru_cache(maxsize=64)
-def env_format(env, reply_format: str = "action", system_prompt: str | None = None) -> Format:
+def env_format(env, reply_format: str = "action", system_prompt: str | None = None, history: str = "whole") -> Format:
     """`make_format` for an environment (its tokenizer, instructions and actions), cached per env so
     repeated rollouts reuse one compiled program."""
     return make_format(env.tokenizer, env.instructions, reply_format,
-                       system_prompt=system_prompt, action_strings=env.action_strings)
+                       system_prompt=system_prompt, action_strings=env.action_strings, history=history)

@@ -38,6 +38,7 @@ import numpy as np
 from bmrl.model.tokenizer import END_OF_TURN
 
 REPLY_FORMATS = ("action", "think_answer")
+HISTORIES = ("whole", "template")  # format.history: earlier replies as sampled, or as the chat template renders them
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 ANSWER_OPEN, ANSWER_CLOSE = "<answer>", "</answer>"
 ANSWER_SEP = "\n"  # between </think> and <answer>: keeps the tags apart for BPE pre-tokenizers
@@ -75,6 +76,11 @@ class Format:
     `think_open`/`think_close`/`answer_sep` only serve `reply_tokens` (canonical replies for demos,
     scripted policies and benchmarks). `system` is the system prompt text and `notes` lists what
     the host found about the chat template (see `bmrl.chat.chat_format`).
+
+    `history_cut` (empty: replies stay whole) is the chat template's rewrite of earlier replies that the
+    rollout follows (`format.history: template`; Qwen3's template drops their reasoning): once the next
+    observation follows, a reply keeps only what follows the last `history_cut` sequence in it, minus the
+    leading tokens in `history_strip` (`kept_from`).
     """
 
     prefix: np.ndarray
@@ -91,6 +97,13 @@ class Format:
     answer_sep: np.ndarray = dataclasses.field(default_factory=_empty)
     system: str = ""
     notes: tuple[str, ...] = ()
+    history_cut: np.ndarray = dataclasses.field(default_factory=_empty)
+    history_strip: tuple[int, ...] = ()
+
+    @property
+    def rewrites_history(self) -> bool:
+        """Earlier replies are rewritten in the context (`history_cut`): each turn then sees a context of its own."""
+        return len(self.history_cut) > 0
 
     def __post_init__(self) -> None:
         if not self.stop_ids:
@@ -110,6 +123,22 @@ class Format:
         if self.reply_format == "action":
             return reply, length, jnp.bool_(True)
         return _extract_tagged(reply, length, self.answer_open, self.answer_close, self.pad_id)
+
+    def kept_from(self, reply: jax.Array, length: jax.Array) -> jax.Array:
+        """Where the part of one reply that stays in the history starts, inside jit: after the last `history_cut`
+        sequence in its first `length` tokens and the `history_strip` tokens that follow it; 0 (kept whole)
+        without one. reply: int32[R] (stop token excluded, padded), length: int32[] -> int32[]."""
+        if not self.rewrites_history:
+            return jnp.int32(0)
+        R, k = reply.shape[0], len(self.history_cut)
+        at = _matches(reply, jnp.clip(length, 0, R), self.history_cut)  # [R]
+        last = jnp.max(jnp.where(at, jnp.arange(R), -1))
+        after = jnp.where(last >= 0, last + k, 0)
+        idx = jnp.arange(R)
+        strip = jnp.isin(reply, jnp.asarray(self.history_strip, jnp.int32)) if self.history_strip else idx < 0
+        # the first token at or past `after` that is not stripped (or the reply's end)
+        stop = (idx >= after) & (~strip | (idx >= length))
+        return jnp.where(last >= 0, jnp.min(jnp.where(stop, idx, length)), 0).astype(jnp.int32)
 
     def reply_tokens(self, action: Sequence[int], reasoning: Sequence[int] = ()) -> np.ndarray:
         """Host side: the canonical reply (stop token excluded) that carries `action` tokens.

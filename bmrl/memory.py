@@ -407,11 +407,11 @@ class RunShapes:
     microbatches: int  # train.microbatches (each minibatch's rows split into this many)
     remat: bool  # train.remat
     kl_reference: bool  # train.kl_coef > 0: a KL term to the starting policy
-    turn_rows: int = 1  # learner rows per rollout row: 1, or rollout.max_turns with a history window (a row per turn)
+    turn_rows: int = 1  # learner rows per rollout row: 1, or rollout.max_turns when each turn is a sample of its own
 
     @property
     def learner_rows(self) -> int:
-        """Rows the update trains on: the batch's, or with a history window one per turn of each (minibatches of
+        """Rows the update trains on: the batch's, or one per turn of each (`per_turn_samples`) (minibatches of
         `minibatch_rows` rows still: memory stays that of one minibatch, time grows with the turns)."""
         return self.batch_rows * self.turn_rows
 
@@ -427,12 +427,19 @@ class RunShapes:
                               f"(tasks_per_step x group_size / minibatches), got {t.microbatches}.")
         return cls(batch, (t.tasks_per_step + t.oversample) * t.group_size,  # dynamic sampling plays more
                    cfg.eval.num_tasks * len(cfg.eval.ts), cfg.rollout.max_len, mb, t.microbatches, t.remat,
-                   t.kl_coef > 0, 1 if cfg.rollout.history_turns is None else cfg.rollout.max_turns)
+                   t.kl_coef > 0, cfg.rollout.max_turns if per_turn_samples(cfg) else 1)
 
     @property
     def kv_rows(self) -> int:
         """Rows of the largest rollout, training or evaluation: the KV cache the plan holds."""
         return max(self.rollout_rows, self.eval_rows)
+
+
+def per_turn_samples(cfg: Any) -> bool:
+    """Does `cfg` (a `bmrl.config.Config`) train each turn as its own sample: a history window, or earlier replies
+    as the chat template renders them (`format.history: template`, which a run refuses where the template rewrites
+    nothing)? The config's side of `bmrl.rollout.types.per_turn_contexts`."""
+    return cfg.rollout.history_turns is not None or cfg.format.history == "template"
 
 
 def plan_for_axes(cfg: Any, mcfg: Any, mesh: Mesh | AbstractMesh | Mapping[str, int], optimizer: Any, *, lora: Any,
@@ -474,4 +481,4 @@ def plan_for_config(cfg: Any, mcfg: Any, mesh: Mesh, optimizer: Any, *, lora: An
 
 __all__ = ["GIB", "HEADROOM", "STEP_COPIES", "MemoryPlan", "MemoryPlanError", "RunShapes", "abstract_mesh", "activation_bytes",
            "device_capacity", "kv_cache_bytes", "lora_activation_bytes", "parameter_totals", "plan_for_axes",
-           "plan_for_config", "plan_memory", "remat_layers"]
+           "per_turn_samples", "plan_for_config", "plan_memory", "remat_layers"]

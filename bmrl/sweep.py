@@ -243,10 +243,14 @@ def _check_spec(spec: SweepSpec) -> None:
 
 
 def _check_runtime(command: str, cfg: Config) -> None:
-    """What `bmrl <command>` checks before writing, for one run of the sweep (ConfigError if bad)."""
+    """What `bmrl <command>` checks before writing, for one run of the sweep (ConfigError if bad): `bmrl train`'s
+    also that its rows split over the mesh (`check_batch_split`, as `bmrl.commands.train` checks them)."""
     from bmrl.assembly import build_reproduce_run, build_run
+    from bmrl.assembly.checks import check_batch_split
 
-    (build_reproduce_run if command == "reproduce" else build_run)(cfg)
+    run = (build_reproduce_run if command == "reproduce" else build_run)(cfg)
+    if command == "train":
+        check_batch_split(cfg, run)
 
 
 def load_sweep(path: str | os.PathLike, overrides: list[str] | tuple[str, ...] = (), out_dir: str | None = None) -> Sweep:

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bmrl.chat import ChatFormatError, chat_format, env_format, make_format, system_text
+from bmrl.chat import ChatFormatError, HistoryError, chat_format, env_format, make_format, system_text
 from bmrl.envs import INVALID, make
 from bmrl.formats import reply_instructions
 from bmrl.rollout import RolloutConfig, rollout
@@ -136,8 +136,20 @@ def test_qwen3_and_gemma3_fragments_equal_the_template_over_three_turns(style, s
         rewrites = style == "qwen3" and reply_format == "think_answer"
         np.testing.assert_array_equal(want, np.concatenate(kept if rewrites else parts))
         assert rewrites == any("rewrites think_answer replies" in n for n in fmt.notes)
+        assert not fmt.rewrites_history  # format.history: whole, the default
         if rewrites:
             assert len(np.concatenate(parts)) > len(want)  # the rollout's context: the reasoning kept
+            # format.history: template follows the template: each earlier reply keeps what the template renders
+            follow = chat_format(tok, "Walk to the exit.", reply_format=reply_format, system_prompt=system_prompt,
+                                 history="template")
+            for r in replies:
+                ids = tok.encode(r)
+                np.testing.assert_array_equal(ids[int(follow.kept_from(np.asarray(ids), len(ids))):],
+                                              tok.encode(r.split("</think>\n")[-1]))
+            assert follow.rewrites_history and any("so does the rollout" in n for n in follow.notes)
+        else:  # nothing to follow: refused, naming the setting
+            with pytest.raises(HistoryError, match="format.history: whole"):
+                chat_format(tok, "Walk to the exit.", reply_format=reply_format, history="template")
     if style == "gemma3":
         assert _text(tok, fmt.prefix) == f"<bos><start_of_turn>user\n{fmt.system}\n\n" and len(fmt.obs_open) == 0
 
@@ -147,6 +159,8 @@ def test_refuses_templates_it_cannot_reproduce():
     with pytest.raises(ChatFormatError, match="no chat template"):
         chat_format(plain, "x")
     assert make_format(plain, "x").obs_open.size == 0  # make_format falls back to the plain format
+    with pytest.raises(HistoryError, match="has none"):  # no template, no history rewrite to follow
+        make_format(plain, "x", "think_answer", history="template")
     tok = chat_tokenizer("qwen")
     saved = tok.chat_template
     try:  # an assistant turn that ends in plain text, not one end-of-turn token

@@ -13,7 +13,7 @@ from typing import Any
 
 import jax
 
-from bmrl.chat import ChatFormatError, TagLayoutError
+from bmrl.chat import ChatFormatError, HistoryError, TagLayoutError
 from bmrl.config import Config, ConfigError
 from bmrl.parallel import MeshConfig, make_mesh
 from bmrl.rollout import RolloutConfig
@@ -61,15 +61,17 @@ def mesh_config(cfg: Config):
     return mesh
 
 
-def run_format(cfg: Config, env: Any, make: Callable[[Any, str, str | None], Any]) -> Any:
-    """`make(env, format.kind, format.system_prompt)`, the player's format builder (`bmrl.chat.env_format`
-    for a JAX env, `bmrl.rollout.pyenv.host_format` for a Python env), its errors as ConfigErrors naming
-    format.kind (a reply layout the tokenizer cannot hold) or model.path (a chat template bmrl cannot
-    reproduce)."""
+def run_format(cfg: Config, env: Any, make: Callable[[Any, str, str | None, str], Any]) -> Any:
+    """`make(env, format.kind, format.system_prompt, format.history)`, the player's format builder
+    (`bmrl.chat.env_format` for a JAX env, `bmrl.rollout.pyenv.host_format` for a Python env), its errors as
+    ConfigErrors naming format.kind (a reply layout the tokenizer cannot hold), format.history (a template
+    rewrite to follow that is not there) or model.path (a chat template bmrl cannot reproduce)."""
     try:
-        return make(env, cfg.format.kind, cfg.format.system_prompt)
+        return make(env, cfg.format.kind, cfg.format.system_prompt, cfg.format.history)
     except TagLayoutError as err:
         raise ConfigError("format.kind", str(err)) from None
+    except HistoryError as err:
+        raise ConfigError("format.history", str(err)) from None
     except ChatFormatError as err:
         raise ConfigError("model.path", f"{err} Use a model whose chat template bmrl can reproduce.") from None
 

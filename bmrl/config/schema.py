@@ -105,6 +105,7 @@ class FormatCfg:
 
     kind: str = "action"  # action (the reply is the action) | think_answer (reasoning in think tags, then the action in answer tags)
     system_prompt: str | None = None  # text put before the task instructions in the system prompt; null = none
+    history: str = "whole"  # whole (earlier replies stay in the context as sampled) | template (as the chat template renders them: Qwen3 drops their reasoning; each turn then trains as its own sample; JAX envs only)
 
 
 @dataclass

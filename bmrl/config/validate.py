@@ -250,6 +250,9 @@ def _check_python_env(cfg: Config) -> None:
     if cfg.rollout.history_turns is not None:
         raise ConfigError("rollout.history_turns", f"{cfg.rollout.history_turns}: a history window runs in the compiled "
                           "loop of JAX envs only; a Python env keeps the whole episode: set it null.")
+    if cfg.format.history != "whole":
+        raise ConfigError("format.history", f"{cfg.format.history}: following the chat template's history rewrite runs "
+                          "in the compiled loop of JAX envs only; a Python env keeps every reply whole: set it whole.")
     if e.show_budget:
         raise ConfigError("env.show_budget", "applies to JAX envs (they render the cap); with env.kind=python "
                           "set it false and show the budget from your environment if it should see one.")
@@ -337,9 +340,10 @@ def _check_model(m: ModelCfg) -> None:
 
 
 def _check_format(f: FormatCfg) -> None:
-    from bmrl.formats import REPLY_FORMATS
+    from bmrl.formats import HISTORIES, REPLY_FORMATS
 
     _one_of("format.kind", f.kind, REPLY_FORMATS)
+    _one_of("format.history", f.history, HISTORIES)
     if f.system_prompt is not None and not isinstance(f.system_prompt, str):
         raise ConfigError("format.system_prompt", f"must be text or null, got {type(f.system_prompt).__name__} "
                           f"{f.system_prompt!r}; quote it in YAML.")

@@ -48,7 +48,7 @@ from bmrl import compiles
 from bmrl.formats import Format
 from bmrl.rollout.engine import make_episode
 from bmrl.rollout.policies import NoisyOracleData, Replay, ReplayPolicy
-from bmrl.rollout.tokens import drop_span
+from bmrl.rollout.tokens import drop_spans
 from bmrl.rollout.types import Injection, RolloutConfig, Trajectory, row_keys
 
 __all__ = ["Demos", "check_demo_args", "demo_tokens_needed", "lay_out", "longest_reply", "make_demos", "reply_table",
@@ -73,6 +73,7 @@ class Demos:
     turn_active: jax.Array  # bool[B, Tm]: turn t is part of the demo
     reply_start: jax.Array  # int32[B, Tm]: offset of turn t's first reply token; -1 where inactive
     reply_len: jax.Array  # int32[B, Tm]: reply tokens of turn t (action tokens + stop); 0 where inactive
+    reply_cut: jax.Array  # int32[B, Tm]: leading tokens of turn t's reply that later contexts drop (`Format.kept_from`)
     progress: jax.Array  # float32[B, Tm + 1]: index 0 after reset, t + 1 after turn t
     caps: jax.Array  # int32[B]: the turn cap shown to (and imposed on) each row
     num_turns: jax.Array  # int32[B]: turns in the demo
@@ -283,6 +284,7 @@ def lay_out(fmt: Format, rec: dict, caps: jax.Array, max_len: int) -> Demos:
 
     reply_start = offset.reshape(batch, tm, 6)[:, :, 4]
     reply_len = seg_len[:, :, 4] + seg_len[:, :, 5]
+    reply_cut = jax.vmap(jax.vmap(fmt.kept_from))(rec["reply"], seg_len[:, :, 4])
     num_turns = active.sum(1).astype(jnp.int32)
     progress = jnp.concatenate(
         [rec["progress0"][:, None], jnp.where(active, rec["progress"], 0.0)], axis=1
@@ -294,6 +296,7 @@ def lay_out(fmt: Format, rec: dict, caps: jax.Array, max_len: int) -> Demos:
         action=jnp.where(active, rec["action"], INVALID), oracle_action=jnp.where(active, rec["oracle"], INVALID),
         wrong=rec["wrong"] & active, error=rec["error"] & active, turn_active=active,
         reply_start=jnp.where(active, reply_start, -1).astype(jnp.int32), reply_len=reply_len.astype(jnp.int32),
+        reply_cut=jnp.broadcast_to(reply_cut, (batch, tm)).astype(jnp.int32),
         progress=progress, caps=caps, num_turns=num_turns, success=jnp.any(rec["success"] & active, axis=1),
         cut=jnp.any(rec["cut"] & active, axis=1), overflow=overflow,
     )
@@ -307,24 +310,31 @@ def _carry_forward(progress: jax.Array, active: jax.Array) -> jax.Array:
     return jnp.take_along_axis(progress, idx, axis=1)
 
 
-def windowed_rows(d: Demos, history_turns: int, max_len: int) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """Each demonstrated turn as its own row, laid out as a rollout with a history window of `history_turns`
-    turns lays out its learning samples: the prompt (prefix and first observation), the last H turns (their
-    replies and the observations after them), then the turn's reply, the only tokens with loss.
+def windowed_rows(d: Demos, history_turns: int | None, max_len: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Each demonstrated turn as its own row, laid out as a rollout whose turns see contexts of their own lays out
+    its learning samples (`bmrl.rollout.types.per_turn_contexts`): the prompt (prefix and first observation), the
+    last `history_turns` turns (all of them when None), each reply cut to what the history keeps of it
+    (`Demos.reply_cut`) and followed by its observation, then the turn's reply, the only tokens with loss.
     Returns (tokens int32[B * Tm, max_len], length int32[B * Tm], loss_mask float32[B * Tm, max_len]); row
     b * Tm + t is turn t of demo b, empty (length 0) where the turn is not in the demo or does not fit."""
     batch, tm = d.turn_active.shape
     t = jnp.arange(tm)
+    H = tm if history_turns is None else history_turns
     prompt = d.reply_start[:, :1]  # turn 0's reply follows the prompt
-    oldest = jnp.take_along_axis(d.reply_start, jnp.maximum(t - history_turns, 0)[None, :].repeat(batch, 0), axis=1)
-    drop = jnp.where(t[None, :] >= history_turns, oldest - prompt, 0)  # [B, Tm]: the turns before the window
-    start = d.reply_start - drop  # where the reply lands in its row
+    oldest = jnp.take_along_axis(d.reply_start, jnp.maximum(t - H, 0)[None, :].repeat(batch, 0), axis=1)
+    drop = jnp.where(t[None, :] >= H, oldest - prompt, 0)  # [B, Tm]: the turns before the window
+    held = (t[None, :] >= t[:, None] - H) & (t[None, :] < t[:, None])  # [Tm (row's turn), Tm]: turns in its window
+    cuts = jnp.where(held[None], d.reply_cut[:, None, :], 0)  # [B, Tm, Tm]: what each held reply loses
+    start = d.reply_start - drop - cuts.sum(-1)  # where the reply lands in its row
     length = start + d.reply_len
     keep = d.turn_active & (length <= max_len)
+    span_start = jnp.concatenate([jnp.broadcast_to(prompt[:, None], (batch, tm, 1)),
+                                  jnp.broadcast_to(d.reply_start[:, None, :], (batch, tm, tm))], axis=2)
+    span_len = jnp.concatenate([drop[..., None], cuts], axis=2)  # [B, Tm, 1 + Tm]: the window, then each cut
 
-    def rows(x):  # [B, L] -> the row of every turn, [B * Tm, L], its window's earlier turns dropped
+    def rows(x):  # [B, L] -> the row of every turn, [B * Tm, L], what its context drops removed
         per_turn = jnp.broadcast_to(x[:, None], (batch, tm) + x.shape[1:]).reshape((batch * tm,) + x.shape[1:])
-        return drop_span(per_turn, jnp.repeat(prompt[:, 0], tm), drop.reshape(-1), 0)[:, :max_len]
+        return drop_spans(per_turn, span_start.reshape(batch * tm, -1), span_len.reshape(batch * tm, -1), 0)[:, :max_len]
 
     pos = jnp.arange(min(max_len, d.tokens.shape[1]))[None, :]
     reply = (pos >= start.reshape(-1, 1)) & (pos < length.reshape(-1, 1)) & keep.reshape(-1, 1)

@@ -7,8 +7,9 @@ The same model and sampling as `bmrl.rollout`, but turns are driven from Python:
 `generate` re-prefills the whole context into a fresh KV cache and decodes one reply per sequence,
 then the host parses the replies, steps the environments (jitted, vmapped) and appends the next
 observation to each context. Same keys, same forced-stop rule, so greedy output is token-identical.
-With a history window (`RolloutConfig.history_turns`) each context is rebuilt from scratch from the
-prompt and the last H turns, the naive form of the engine's windowed loop.
+With a history window (`RolloutConfig.history_turns`) or a format that rewrites earlier replies
+(`Format.history_cut`) each context is rebuilt from scratch from the prompt and the last H turns, each
+reply as the history keeps it: the naive form of the engine's windowed loop.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from bmrl.envs.base import INVALID, Env
 from bmrl.formats import Format
 from bmrl.rollout.engine import check_config, default_format
 from bmrl.rollout.tokens import parse_replies
-from bmrl.rollout.types import RolloutConfig, Trajectory, TurnSamples, check_caps, row_keys
+from bmrl.rollout.types import RolloutConfig, Trajectory, TurnSamples, check_caps, per_turn_contexts, row_keys
 from bmrl.sampling import sample
 
 
@@ -124,7 +125,7 @@ def python_loop_rollout(
         n_obs = len(first) - len(fmt.prefix)
         prompt.append(_Piece(first, [-1] * len(fmt.prefix) + [0] * n_obs, [0.0] * len(first), [0.0] * len(first)))
     segments: list[list[_Piece]] = [[] for _ in range(batch)]
-    H = cfg.history_turns
+    H, per_turn = cfg.history_turns, per_turn_contexts(cfg, fmt)
 
     def context(b: int, segs: list[_Piece] | None = None, held: int | None = H) -> _Piece:
         """The prompt of row b and the last `held` of its segments (`segs`, default all; None: every one)."""
@@ -164,7 +165,7 @@ def python_loop_rollout(
             n = int(reply_len[b])
             segments[b].append(_Piece(list(reply[b, :n]), [t] * n, list(sampled[b, :n].astype(np.float32)),
                                       list(lp[b, :n])))
-            if H is not None:  # the context the reply followed, and the reply
+            if per_turn:  # the context the reply followed, and the reply
                 samples[b][t] = _Piece.join([context(b, segments[b][:-1]).without_loss(), segments[b][-1]])
 
         step_keys = jax.vmap(lambda k: jax.random.fold_in(k, t + 1))(env_keys)
@@ -188,12 +189,14 @@ def python_loop_rollout(
         obs_tokens, obs_len = np.asarray(new_obs.tokens), np.asarray(new_obs.length)
         for b in np.flatnonzero(nxt):
             chunk = list(fmt.reply_close) + list(fmt.obs_open) + list(obs_tokens[b, : obs_len[b]]) + list(fmt.obs_close)
-            if len(context(b).tokens) + len(chunk) + R > L:  # the next context and a reply do not fit
+            n = int(reply_len[b]) - 1  # the reply without its stop token: what the history keeps of it
+            kept = segments[b][-1].tail(int(fmt.kept_from(jnp.asarray(reply[b]), n)))
+            if len(context(b, segments[b][:-1] + [kept]).tokens) + len(chunk) + R > L:  # the next context and a reply do not fit
                 overflow[b] = True
                 nxt[b] = False
                 continue
-            segments[b][-1] = _Piece.join([segments[b][-1], _Piece(chunk, [t + 1] * len(chunk), [0.0] * len(chunk),
-                                                                   [0.0] * len(chunk))])
+            segments[b][-1] = _Piece.join([kept, _Piece(chunk, [t + 1] * len(chunk), [0.0] * len(chunk),
+                                                        [0.0] * len(chunk))])
         active = nxt
         t += 1
 
@@ -208,7 +211,7 @@ def python_loop_rollout(
         return arr
 
     turn_samples = None
-    if H is not None:
+    if per_turn:
         empty = _Piece([], [], [], [])
         flat = [samples[b][k] or empty for b in range(batch) for k in range(Tm)]
         turn_samples = TurnSamples(
@@ -244,6 +247,10 @@ class _Piece:
     @staticmethod
     def join(pieces: list[_Piece]) -> _Piece:
         return _Piece(*(sum((getattr(p, f) for p in pieces), []) for f in ("tokens", "turn_ids", "mask", "logps")))
+
+    def tail(self, start: int) -> _Piece:
+        """The piece from its token `start` on."""
+        return _Piece(self.tokens[start:], self.turn_ids[start:], self.mask[start:], self.logps[start:])
 
     def without_loss(self) -> _Piece:
         """The same tokens as context only: earlier replies are not trained on in a later turn's sample."""

@@ -200,6 +200,10 @@ def host_rollout(
         raise RolloutError(f"RolloutConfig.history_turns={cfg.history_turns}: a history window runs in the compiled "
                            "loop of JAX environments only; a Python environment keeps the whole episode "
                            "(history_turns=None).")
+    if fmt.rewrites_history:
+        raise RolloutError("The format follows its chat template's history rewrite (Format.history_cut): that runs in "
+                           "the compiled loop of JAX environments only; a Python environment keeps every reply whole "
+                           "(format history 'whole').")
     batch = caps.shape[0]
     tasks = list(tasks) if tasks is not None else [None] * batch
     if len(envs) != batch or len(tasks) != batch:

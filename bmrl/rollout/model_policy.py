@@ -19,8 +19,8 @@ from flax import nnx, struct
 
 from bmrl.envs.base import Env
 from bmrl.formats import Format
-from bmrl.rollout.tokens import assemble, drop_span, fixed, parse_replies, take, write
-from bmrl.rollout.types import TOKEN_STREAM, RolloutConfig, TurnSamples, stream
+from bmrl.rollout.tokens import assemble, drop_spans, fixed, parse_replies, take, write
+from bmrl.rollout.types import TOKEN_STREAM, RolloutConfig, TurnSamples, per_turn_contexts, stream
 from bmrl.sampling import gumbel_noise, policy_logprobs, sample_with_noise
 
 NOISE_ELEMENTS = 1 << 22  # a turn's Gumbel noise is drawn in one call up to this many floats (16 MiB)
@@ -45,11 +45,12 @@ class ModelState:
 
 @struct.dataclass
 class Window:
-    """The history window of each row: the buffer holds the prompt, then the last H turns (each its reply
-    and the observation after it), then the current reply. H = history_turns, Tm = max turns."""
+    """The history of each row when turns see contexts of their own (`per_turn_contexts`): the buffer holds the
+    prompt, then the last H turns (each its reply, as the chat template keeps it in the history, and the
+    observation after it; every turn without a window), then the current reply. H = history_turns, Tm = max turns."""
 
     prompt_len: jax.Array  # int32[B]: tokens of the prompt (prefix and first observation), never dropped
-    seg_len: jax.Array  # int32[B, H]: tokens of each turn in the window, oldest first (0 = not played yet)
+    seg_len: jax.Array  # int32[B, H]: tokens of each turn in the window, oldest first (0 = not played yet; H = 0 without a window)
     reply_start: jax.Array  # int32[B]: where the current reply starts in the buffer
     samples: TurnSamples  # [B, Tm, L]: each played turn's context and reply, for the learner
 
@@ -121,11 +122,10 @@ class _BoundModel:
         ))
 
     def _open_window(self, s: ModelState) -> ModelState:
-        """`s` (the state before the first reply) with an empty history window when the config has one."""
-        H = self.cfg.history_turns
-        if H is None:
+        """`s` (the state before the first reply) with an empty history when turns see contexts of their own."""
+        if not per_turn_contexts(self.cfg, self.fmt):
             return s
-        batch = s.n_tok.shape[0]
+        batch, H = s.n_tok.shape[0], self.cfg.history_turns or 0
         zeros = jnp.zeros((batch,), jnp.int32)
         return s.replace(window=Window(prompt_len=s.n_tok, seg_len=jnp.zeros((batch, H), jnp.int32),
                                        reply_start=zeros,
@@ -370,32 +370,39 @@ class _BoundModel:
         return s, fits | ~nxt
 
     def _observe_windowed(self, s: ModelState, env: Env, obs, t, nxt) -> tuple[ModelState, jax.Array]:
-        """`observe` with a history window: the turn's chunk follows its reply as always; when the window
-        already holds H turns, the oldest leaves the buffer (what follows it moves up to the prompt's end)
-        and the rows re-prefill the window from there, the prompt's KV entries kept. Rows whose window is
-        not full yet prefill the chunk alone, as without a window."""
-        w, R, L = s.window, self.cfg.max_reply_tokens, self.cfg.max_len
+        """`observe` when turns see contexts of their own: the turn's chunk follows its reply as always, the reply
+        first cut to what the chat template keeps of it in the history (`Format.kept_from`; all of it unless the
+        format rewrites history); when the window already holds H turns, the oldest leaves the buffer too. What
+        follows a removed span moves up, and the rows re-prefill from the first removed position (the prompt's
+        end, or the reply's start), the prompt's KV entries kept. Rows that remove nothing prefill the chunk
+        alone, as without a window."""
+        w, R, L, H = s.window, self.cfg.max_reply_tokens, self.cfg.max_len, self.cfg.history_turns
         width = self.fmt.turn_chunk_len(env.max_obs_len)
         chunk, n = self._turn_chunk(s, env, obs)
-        drop = jnp.where(nxt, w.seg_len[:, 0], 0)  # the oldest turn, when the window is full
-        fits = s.cache_len - drop + n + R <= L
+        zeros = jnp.zeros_like(n)
+        drop = zeros if H is None else jnp.where(nxt, w.seg_len[:, 0], 0)  # the oldest turn, when the window is full
+        cut = jax.vmap(self.fmt.kept_from)(*self.reply(s, w.reply_start)) if self.fmt.rewrites_history else zeros
+        fits = s.cache_len - drop - cut + n + R <= L
         go = nxt & fits
-        drop, n = jnp.where(go, drop, 0), jnp.where(go, n, 0)
-        stop = s.cache_len - drop  # where the chunk goes: over the reply's stop token (not in the cache yet)
+        drop, cut, n = jnp.where(go, drop, 0), jnp.where(go, cut, 0), jnp.where(go, n, 0)
+        stop = s.cache_len - drop - cut  # where the chunk goes: over the reply's stop token (not in the cache yet)
+        spans = jnp.stack([w.prompt_len, w.reply_start], axis=1), jnp.stack([drop, cut], axis=1)
 
         def shift(buf, fill):
-            return drop_span(buf, w.prompt_len, drop, fill)
+            return drop_spans(buf, *spans, fill)
 
         turn_ids = jnp.where(jnp.arange(width)[None, :] == 0, t, t + 1)
         tokens = write(shift(s.tokens, self.fmt.pad_id), stop, chunk, n)
-        start = jnp.where(drop > 0, w.prompt_len, stop)
-        span = min(L, self.cfg.history_turns * (R - 1 + width))  # the widest window: H turns
+        start = jnp.where(drop > 0, w.prompt_len, jnp.where(cut > 0, w.reply_start - drop, stop))
+        span = min(L, (H or 1) * (R - 1 + width))  # the widest re-prefill: H turns (one without a window)
         idx = jnp.clip(start[:, None] + jnp.arange(span)[None, :], 0, L - 1)
         next_logits, cache = self._prefill(jnp.take_along_axis(tokens, idx, axis=1), stop + n - start, start,
                                            s.cache, tight=True, rows=self._rows(s), prev=s.next_logits)
         cache_len = stop + n
-        newest = s.cache_len - w.reply_start + n  # the turn just played: its reply and the chunk after it
-        seg_len = jnp.where(go[:, None], jnp.concatenate([w.seg_len[:, 1:], newest[:, None]], axis=1), w.seg_len)
+        seg_len = w.seg_len
+        if H is not None:
+            newest = s.cache_len - w.reply_start - cut + n  # the turn just played: its kept reply and the chunk after it
+            seg_len = jnp.where(go[:, None], jnp.concatenate([w.seg_len[:, 1:], newest[:, None]], axis=1), w.seg_len)
         s = s.replace(
             cache=cache, next_logits=next_logits, tokens=tokens,
             turn_of_token=write(shift(s.turn_of_token, -1), stop, turn_ids, n),

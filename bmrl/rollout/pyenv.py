@@ -126,13 +126,14 @@ class PythonEnv:
         return run, lambda: sum(compiles.counts().get(n, 0) for n in HOST_PROGRAMS)
 
 
-def host_format(env: PythonEnv, reply_format: str = "action", system_prompt: str | None = None) -> Format:
+def host_format(env: PythonEnv, reply_format: str = "action", system_prompt: str | None = None,
+                history: str = "whole") -> Format:
     """The reply format of a Python env for its tokenizer: the chat template's if it has one, else
     the plain one (`bmrl.chat.make_format`), with the env's instructions and action strings."""
     from bmrl.chat import make_format
 
     return make_format(env.tokenizer, env.instructions, reply_format, system_prompt=system_prompt,
-                       action_strings=env.action_strings or None)
+                       action_strings=env.action_strings or None, history=history)
 
 
 __all__ = ["CORPUS_TASKS", "DEFAULT_INSTRUCTIONS", "PythonEnv", "host_format", "reset_texts"]

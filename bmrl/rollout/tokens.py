@@ -45,11 +45,14 @@ def write(buf: jax.Array, start: jax.Array, values: jax.Array, n: jax.Array) -> 
     return buf.at[jnp.arange(batch)[:, None], idx].set(values.astype(buf.dtype), mode="drop")
 
 
-def drop_span(buf: jax.Array, start: jax.Array, n: jax.Array, fill: Any) -> jax.Array:
-    """Remove buf[b, start[b] : start[b] + n[b]] from each row, shifting what follows left; `fill` enters at
-    the end. buf: [B, L, ...]; start, n: [B] (n = 0 leaves the row as it is)."""
+def drop_spans(buf: jax.Array, start: jax.Array, n: jax.Array, fill: Any) -> jax.Array:
+    """Remove the spans buf[b, start[b, j] : start[b, j] + n[b, j]] from each row, shifting what follows left;
+    `fill` enters at the end. buf: [B, L, ...]; start, n: [B, K], each row's spans in order and apart, `start` in
+    the row's positions before any removal (n = 0: no span). One gather, whatever K."""
     pos = jnp.arange(buf.shape[1], dtype=jnp.int32)[None, :]
-    src = jnp.where(pos >= start[:, None], pos + n[:, None], pos)  # [B, L]
+    src = pos
+    for j in range(start.shape[1]):  # a kept position's source: past every earlier span it reaches
+        src = jnp.where(src >= start[:, j : j + 1], src + n[:, j : j + 1], src)
     inside = src < buf.shape[1]
     src = src.reshape(src.shape + (1,) * (buf.ndim - 2))
     moved = jnp.take_along_axis(buf, jnp.minimum(src, buf.shape[1] - 1), axis=1)

@@ -52,7 +52,7 @@ class Trajectory:
     truncated: jax.Array  # bool[B]: stopped by its turn cap
     overflow: jax.Array  # bool[B]: stopped because the next turn would not fit the buffer
     observations: Any = None  # optional (tokens int32[B, Tm, O], lengths int32[B, Tm]): the observation before turn t
-    turn_samples: Any = None  # TurnSamples of a windowed rollout (`RolloutConfig.history_turns`); None otherwise
+    turn_samples: Any = None  # TurnSamples when each turn saw a context of its own (`per_turn_contexts`); None otherwise
 
     @property
     def outcome_reward(self) -> jax.Array:
@@ -87,6 +87,13 @@ def held_turns(cap: int, history_turns: int | None) -> int:
     """The most turns one context holds at once in an episode of `cap` turns: all of them, or with a
     history window of H turns the current one and the H before it."""
     return cap if history_turns is None else min(cap, history_turns + 1)
+
+
+def per_turn_contexts(cfg: "RolloutConfig", fmt: Any) -> bool:
+    """Does each turn see a context of its own (a history window, or a format that rewrites earlier replies,
+    `Format.rewrites_history`), so that the trajectory carries each turn as its own learning sample? Otherwise
+    the episode is one append-only context."""
+    return cfg.history_turns is not None or fmt.rewrites_history
 
 
 @dataclasses.dataclass(frozen=True)

@@ -60,25 +60,38 @@ def test_python_env_run_format():
     assert run.env.instructions in run.fmt.system
 
 
-@pytest.fixture(scope="module")
-def qwen_dir(tmp_path_factory) -> str:
-    """A local Qwen-style model directory (ChatML template, think/answer special tags): a tiny decoder
+def _chat_dir(tmp_path_factory, style: str) -> str:
+    """A local model directory with a `style` chat template and think/answer special tags: a tiny decoder
     steered to reply in canonical think_answer chains, some without an answer (format errors)."""
     from bmrl.chat import env_format
     from bmrl.envs import make
     from bmrl.model.hf import save_pretrained
 
-    tok = chat_tokenizer("qwen")
+    tok = chat_tokenizer(style)
     env = make("corridor", tok, length=3)
     fmt = env_format(env, "think_answer")
-    path = tmp_path_factory.mktemp("qwen") / "model"
+    path = tmp_path_factory.mktemp(style) / "model"
     save_pretrained(chain_policy(fmt, reply_chains(env, fmt, tok), len(tok), seed=1), tok, path)
     return str(path)
 
 
-def test_train_parses_replies_with_the_run_format(qwen_dir, tmp_path, monkeypatch):
-    """A 1-step `train` with think_answer: the rollout and the evaluator get the run's format, and the
-    steered policy's tagged replies are read as actions (an action-format run would find none)."""
+@pytest.fixture(scope="module")
+def qwen_dir(tmp_path_factory) -> str:
+    """ChatML (Qwen2.5): the template keeps earlier replies as they were."""
+    return _chat_dir(tmp_path_factory, "qwen")
+
+
+@pytest.fixture(scope="module")
+def qwen3_dir(tmp_path_factory) -> str:
+    """Qwen3's template: earlier replies lose their reasoning."""
+    return _chat_dir(tmp_path_factory, "qwen3")
+
+
+def test_train_parses_replies_with_the_run_format(qwen3_dir, tmp_path, monkeypatch):
+    """A 1-step `train` with think_answer and Qwen3's template followed (`format.history: template`): the
+    rollout and the evaluator get the run's format, the steered policy's tagged replies are read as actions
+    (an action-format run would find none), and each played turn trains on the context it saw, earlier
+    replies without their reasoning: a learner row per turn, each reply's tokens trained once."""
     import bmrl.assembly.jax_player as players_lib
     import bmrl.train as train_lib
 
@@ -86,19 +99,22 @@ def test_train_parses_replies_with_the_run_format(qwen_dir, tmp_path, monkeypatc
     real_rollout, real_evaluator = players_lib.make_rollout, train_lib.make_evaluator
     monkeypatch.setattr(players_lib, "make_rollout", lambda *a, **k: used.append(a[2]) or real_rollout(*a, **k))
     monkeypatch.setattr(train_lib, "make_evaluator", lambda *a, **k: used.append(a[1].fmt) or real_evaluator(*a, **k))
-    cfg = load(None, [*CORRIDOR, *THINK, f"model.path={qwen_dir}", f"out_dir={tmp_path / 'run'}",
-                      "rollout.max_reply_tokens=24", "rollout.max_len=512", "train.steps=1",
-                      "train.tasks_per_step=2", "train.group_size=2", "eval.num_tasks=4", "checkpoint.every=1"])
+    cfg = load(None, [*CORRIDOR, *THINK, "format.history=template", f"model.path={qwen3_dir}",
+                      f"out_dir={tmp_path / 'run'}", "rollout.max_reply_tokens=24", "rollout.max_len=512",
+                      "train.steps=1", "train.tasks_per_step=2", "train.group_size=2", "eval.num_tasks=4",
+                      "checkpoint.every=1"])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         train_lib.train(cfg, progress=False)
     # The rollout and two evaluators (test at the first and last step, validation between).
     assert len(used) == 3 and all(f.reply_format == "think_answer" and f.system.startswith(PROMPT) for f in used)
+    assert all(f.rewrites_history for f in used)
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     (step,) = [r for r in records if "rollout/invalid_rate" in r]
     # Tagged answers are parsed (read as action strings, every reply would be invalid); the steered
     # policy's only invalid replies are those without an answer: format errors.
     assert step["rollout/format_error_rate"] == step["rollout/invalid_rate"] < 0.5, step
+    assert step["train/num_tokens"] == step["rollout/sampled_tokens"] > 0, step  # every reply trained once
 
 
 def test_qwen_tools_config_builds_with_a_model_directory(qwen_dir):

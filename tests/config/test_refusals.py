@@ -185,6 +185,10 @@ CASES: dict[str, tuple[str, str | bytes | None, list[str], str]] = {
     "eval python tasks bad line": ("eval", PY, ["data.tasks={badtasks}"], "line 2"),
     # the format section: reply layout and system prompt
     "format kind unknown": ("train", None, ["format.kind=json"], "format.kind"),
+    "format history unknown": ("train", None, ["format.history=none"], "format.history"),
+    "template history, plain format": ("train", None, ["format.kind=think_answer", "format.history=template"],
+                                       "format.history"),  # no chat template, no rewrite to follow
+    "python env, template history": ("train", PY, ["format.history=template", *TASKS], "format.history"),
     "format system_prompt number": ("train", None, ["format.system_prompt=3"], "format.system_prompt"),
     "format system_prompt boolean": ("train", "format: {system_prompt: yes}\n" + BASE, [], "format.system_prompt"),
     "format system_prompt list": ("train", None, ["format.system_prompt=[a]"], "format.system_prompt"),
@@ -388,3 +392,20 @@ def test_rows_that_do_not_split_over_the_mesh_are_refused(tmp_path):
     assert err.value.key == "eval.num_tasks" and "a multiple of 8" in str(err.value)
     check("train.tasks_per_step=4", "eval.num_tasks=8")
     check("train.tasks_per_step=1", "eval.num_tasks=2", devices=2)
+
+
+def test_a_sweeps_train_runs_are_checked_for_the_mesh_split(tmp_path, monkeypatch):
+    """`bmrl sweep`'s check of a train run is `bmrl train`'s: rows that do not split over 8 devices are refused."""
+    import jax
+
+    from bmrl import sweep
+    from bmrl.config import ConfigError, load
+
+    path = tmp_path / "cfg.yaml"
+    path.write_text(BASE)
+    cfg = load(str(path), ["data.test_size=8", "data.val_size=8"])
+    sweep._check_runtime("train", cfg)  # 1 device: every row count splits
+    monkeypatch.setattr(jax, "device_count", lambda: 8)
+    with pytest.raises(ConfigError) as err:
+        sweep._check_runtime("train", cfg)
+    assert err.value.key == "train.tasks_per_step"

@@ -2,7 +2,10 @@
 evaluation) on 8 simulated CPU devices for the meshes (fsdp 8 -> resumed as fsdp 4 x tensor 2) and
 (data 2, fsdp 2, tensor 2), against the same run on one device. Every sharding axis is covered: the data
 axis by the (data 2, fsdp 2, tensor 2) run (a pure data 8 mesh was dropped: it repeated that run's data
-sharding at about 35 CPU-seconds of its own compiles), fsdp by all three runs, tensor by two.
+sharding at about 35 CPU-seconds of its own compiles), fsdp by all three runs, tensor by two. The runs keep
+a history window of 1 turn, so the update trains per-turn samples (B x Tm rows over the mesh) and the
+rollout drops and re-prefills turns on every mesh; append-only episodes train on a mesh in
+`tests/e2e/test_launch.py` (2 processes, data 2 x fsdp 2).
 
 One subprocess runs every mesh in sequence (XLA_FLAGS=--xla_force_host_platform_device_count=8) while
 this process runs the one-device reference. STEPS is 4, not 10, to keep the suite's cost down (each
@@ -31,7 +34,7 @@ TINY = dict(
     seed=0,
     env={"name": "corridor", "options": {"length": 2, "eps": 0.1}},
     budget={"kind": "mix", "budgets": [1, 2, 3], "probs": [0.3, 0.3, 0.4]},
-    rollout={"max_turns": 4, "max_reply_tokens": 4, "max_len": 224},
+    rollout={"max_turns": 4, "max_reply_tokens": 4, "max_len": 224, "history_turns": 1},
     model={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 4,
            "num_key_value_heads": 2},
     # A random policy never succeeds (GRPO advantages all 0): the entropy bonus gives every step a

@@ -161,9 +161,9 @@ def _checkpoint_bytes(directory, step):
 
 
 def test_lora_run_base_frozen_small_checkpoints_resume_bitwise_and_base_checked(tmp_path, monkeypatch):
-    """A LoRA run (KL to the base, dropout) killed after its step-2 checkpoint and resumed ends with the
-    bytes of an uninterrupted run; its checkpoints are a small fraction of full training's; a resume
-    against another base is refused."""
+    """A LoRA run (KL to the base, dropout, a history window of 1 turn: each turn its own learning sample)
+    killed after its step-2 checkpoint and resumed ends with the bytes of an uninterrupted run; its
+    checkpoints are a small fraction of full training's; a resume against another base is refused."""
     from safetensors.numpy import load_file
 
     from bmrl import train as train_lib
@@ -173,7 +173,8 @@ def test_lora_run_base_frozen_small_checkpoints_resume_bitwise_and_base_checked(
 
     over = dict(model={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
                        "lora": {"rank": 4, "dropout": 0.1}},
-                train={"steps": 4, "kl_coef": 0.1, "optim": {"lr": 3e-2}}, checkpoint={"every": 2, "keep": 2})
+                train={"steps": 4, "kl_coef": 0.1, "optim": {"lr": 3e-2}}, checkpoint={"every": 2, "keep": 2},
+                rollout={"history_turns": 1})
     train_lib.train(tiny_cfg(tmp_path / "ref", **over), progress=False, evaluate=False)
 
     def kill(done, total):

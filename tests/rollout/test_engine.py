@@ -1,5 +1,6 @@
 """The compiled multi-turn rollout: equality with the Python loop, caps, compiles, keys, overflow."""
 
+import collections
 import dataclasses
 import functools
 import math
@@ -211,6 +212,72 @@ def test_learner_trains_each_windowed_turn_on_its_own_sample(windowed):
     kl_update = make_update(graphdef, frozen_lr, dataclasses.replace(cfg, kl_coef=0.5), 0.0, donate=False)
     _, _, m = kl_update(params, init_opt_state(frozen_lr, params), params, win, jax.random.key(0))
     assert abs(float(m["kl"])) < 1e-6 and float(m["ratio_max"]) < 1 + 1e-5 and np.isfinite(float(m["loss"]))
+
+
+@pytest.fixture(scope="module")
+def rewritten(windowed):
+    """The windowed fixture's policy and tasks with a format that rewrites earlier replies, as `format.history:
+    template` does for Qwen3 (which drops what precedes `</think>`): here a reply keeps what follows the last
+    occurrence of the token that most replies hold past their first token, minus a following token that is
+    stripped; whole histories and a window of 2 turns, engine and naive loop."""
+    full, env = windowed["full"], windowed["env"]
+    tokens, mask, tags = (np.asarray(x) for x in (full.tokens, full.loss_mask, full.turn_of_token))
+    stops = set(_fmt(env).stop_ids)
+    replies = [[int(x) for x in tokens[b][(tags[b] == t) & (mask[b] > 0)] if int(x) not in stops]
+               for b in range(8) for t in range(int(np.asarray(full.turns_used)[b]))]
+    cut = collections.Counter(x for r in replies for x in r[1:]).most_common(1)[0][0]
+    after = collections.Counter(r[i + 1] for r in replies for i in range(len(r) - 1) if r[i] == cut)
+    fmt = dataclasses.replace(_fmt(env), history_cut=np.asarray([cut], np.int32),
+                              history_strip=(after.most_common(1)[0][0],) if after else ())
+    out = dict(fmt=fmt, replies=replies)
+    for H in (None, 2):
+        cfg = dataclasses.replace(_cfg(max_turns=6, max_len=512), history_turns=H)
+        for name, play in (("engine", rollout), ("naive", python_loop_rollout)):
+            out[name, H] = play(windowed["policy"], env, WINDOW_TASKS, jnp.array(WINDOW_CAPS), jax.random.key(3), cfg, fmt)
+    return out
+
+
+@pytest.mark.parametrize("H", [None, 2], ids=["whole", "window2"])
+def test_rewritten_history_equals_reprompting_from_scratch(rewritten, windowed, H):
+    """With a format that rewrites earlier replies (`Format.history_cut`), each turn's context is the prompt and
+    the earlier turns (the last 2 with a window), every earlier reply cut to what the history keeps: the engine
+    (the cut span removed and the context re-prefilled in the compiled loop) equals the Python loop that rebuilds
+    each context from scratch, trajectories and turn samples alike; the cut really removes tokens; the rollout's
+    turn samples are what SFT lays out from the same episodes (`windowed_rows`)."""
+    from bmrl.learn.demos import demo_tokens_needed, make_demos, windowed_rows
+
+    eng, naive, fmt = rewritten["engine", H], rewritten["naive", H], rewritten["fmt"]
+    _assert_same(eng, naive)
+    a, b = eng.turn_samples, naive.turn_samples
+    for f in ("tokens", "length", "loss_mask", "turn_of_token"):
+        np.testing.assert_array_equal(np.asarray(getattr(a, f)), np.asarray(getattr(b, f)), err_msg=f)
+    np.testing.assert_allclose(np.asarray(a.logprobs), np.asarray(b.logprobs), atol=1e-5)
+    cuts = [int(fmt.kept_from(np.asarray(r + [fmt.pad_id]), len(r))) for r in rewritten["replies"]]
+    assert sum(c > 0 for c in cuts) >= 4, cuts  # replies that lose tokens in the history
+    used = np.asarray(eng.turns_used)
+    s = jax.tree.map(np.asarray, a)
+    ref = windowed["engine"] if H == 2 else windowed["full"]  # the same history, replies kept whole
+    if H is None:  # the last reply is whole in the final buffer, the earlier ones cut: shorter than the whole history
+        assert (np.asarray(eng.length)[used > 1] <= np.asarray(ref.length)[used > 1]).all()
+        assert (np.asarray(eng.length) < np.asarray(ref.length)).any()
+    for row in range(8):
+        for t in range(int(used[row])):  # loss on reply t alone, every earlier reply's tokens context
+            assert s.loss_mask[row, t].sum() > 0 and (s.turn_of_token[row, t][s.loss_mask[row, t] > 0] == t).all()
+
+    actions = np.asarray(eng.action)
+    valid = ((actions >= 0) | ~np.asarray(eng.turn_active)).all(1)  # rows with an invalid reply cannot be replayed
+    assert valid.sum() >= 4
+    env = windowed["env"]
+    demos = make_demos(env, fmt, WINDOW_TASKS, jax.random.key(3), num_turns=6, noise=0.0, cut_after_error=False,
+                       max_len=demo_tokens_needed(env, fmt, 6), caps=jnp.array(WINDOW_CAPS),
+                       actions=np.where(actions >= 0, actions, 0))
+    tokens, length, mask = (np.asarray(x) for x in windowed_rows(demos, H, 512))
+    rows = np.repeat(valid, 6)
+    flat = jax.tree.map(np.asarray, a.rows())
+    np.testing.assert_array_equal(length[rows], flat.length[rows])
+    for i in np.flatnonzero(rows):
+        np.testing.assert_array_equal(tokens[i, : length[i]], flat.tokens[i, : length[i]])
+        np.testing.assert_array_equal(mask[i], flat.loss_mask[i, : mask.shape[1]])
 
 
 def test_caps_hold_exactly(tiny_tokenizer):
