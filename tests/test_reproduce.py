@@ -1,5 +1,6 @@
 """`bmrl reproduce`: findings and their intervals on synthetic per-task data, stage configs, errors."""
 
+import dataclasses
 import json
 import os
 import re
@@ -272,6 +273,23 @@ def test_planted_dead_run_is_listed_and_each_verdict_checked_without_it(tmp_path
     every = without_dead_runs(study, {(s, "fixed_long"): reason for s in (0, 1, 2)}, [0, 1, 2], per_seed, [pair] * 3,
                               names, (1, 4), (4, 5, 8), cfg.reproduce, 200)
     assert every.f1.facts["without_dead_runs"]["holds"] is None and "rests on dead runs" in every.f1.sentence()
+
+    # F1's rule on a `reproduce.advantage` variant is checked the same way (budgetmix read as one here): its dead
+    # run named, its verdict measured again on seeds 0 and 1, as the study of those seeds gives it, and said.
+    from bmrl.study.report import _advantage_sentence
+
+    rep = dataclasses.replace(cfg.reproduce, advantage={"budgetmix": "gigpo"})
+    study = study_findings(pool(per_seed, names), [pair] * 3, names, (1, 4), (4, 5, 8), rep, 200)
+    checked = without_dead_runs(study, {(2, "budgetmix"): reason}, [0, 1, 2], per_seed, [pair] * 3, names, (1, 4),
+                                (4, 5, 8), rep, 200)
+    adv = checked.advantage_f1["budgetmix"]
+    w = adv.facts["without_dead_runs"]
+    assert w["dead_runs"] == [{"seed": 2, "variant": "budgetmix", "reason": reason}] and w["seeds_without"] == [0, 1]
+    alone = study_findings(pool(per_seed[:2], names), [pair] * 2, names, (1, 4), (4, 5, 8), rep, 200)
+    assert w["verdict_without"] == alone.advantage_f1["budgetmix"].verdict.verdict
+    assert w["holds"] == (w["verdict_without"] == adv.verdict.verdict)
+    assert "without the dead run(s) (seed 2 budgetmix)" in _advantage_sentence("budgetmix", adv, rep)
+    assert checked.f1.facts["without_dead_runs"]["dead_runs"] == []  # the core F1 reads fixed_long only
 
 
 def test_a_base_rl_cannot_learn_from_counts_its_seeds_runs_as_dead(tmp_path, scripted):

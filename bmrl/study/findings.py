@@ -19,7 +19,7 @@ policy of a comparison is resampled alike.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -64,7 +64,7 @@ class Finding:
 
     def sentence(self) -> str:
         """The verdict's sentence, then (in a study with dead runs) whether it holds without them."""
-        return self.verdict.sentence() + _without_sentence(self.facts.get("without_dead_runs"))
+        return self.verdict.sentence() + without_sentence(self.facts.get("without_dead_runs"))
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: the verdict (rule, reason), its sentence, every interval and the facts."""
@@ -89,7 +89,7 @@ def _curve(ivs: Mapping[str, Interval], names: Sequence[str]) -> Curve:
     return tuple(np.array([getattr(ivs[n], a) for n in names]) for a in ("mean", "lower", "upper"))  # type: ignore[return-value]
 
 
-def _without_sentence(info: Mapping[str, Any] | None) -> str:
+def without_sentence(info: Mapping[str, Any] | None) -> str:
     """What `without_dead_runs` found, in one sentence ('' when the study has no dead run). A run of a seed
     whose base RL cannot learn from is named with "(untrainable base)"."""
     if not info or not info.get("study_has_dead_runs"):
@@ -379,15 +379,15 @@ def finding_runs(rep) -> dict[str, tuple[str, ...]]:
 def without_dead_runs(study: Study, dead: Mapping[tuple[int, str], str], seeds: Sequence[int], per_seed: list[dict],
                       seed_results: list[dict], names: Sequence[str], ks, ts, rep, resamples: int,
                       untrainable: Sequence[tuple[int, str]] = ()) -> Study:
-    """`study` with each finding's `facts["without_dead_runs"]`: whether its verdict holds without the dead
-    RL runs (`dead`: {(seed, variant): reason}; those in `untrainable` are dead because their seed's base is one
-    RL cannot learn from), by `DEAD_RUN_RULE`: the finding measured again on the seeds
-    where none of the runs it reads is dead (`study_findings` on those seeds' units) and its verdict compared."""
+    """`study` with each finding's `facts["without_dead_runs"]`, each `reproduce.advantage` variant's F1 included:
+    whether its verdict holds without the dead RL runs (`dead`: {(seed, variant): reason}; those in `untrainable`
+    are dead because their seed's base is one RL cannot learn from), by `DEAD_RUN_RULE`: the finding measured again
+    on the seeds where none of the runs it reads is dead (`study_findings` on those seeds' units) and its verdict
+    compared."""
     seeds, untrainable = [int(x) for x in seeds], set(untrainable)
     again: dict[tuple[int, ...], Study] = {}
-    out = {}
-    for f in study.findings:
-        reads = finding_runs(rep)[f.name]
+
+    def checked(f: Finding, reads: Sequence[str], same: Callable[[Study], Finding]) -> Finding:
         runs = [{"seed": s, "variant": v, "reason": dead[(s, v)]} | ({"untrainable_base": True} if (s, v) in untrainable else {})
                 for s in seeds for v in reads if (s, v) in dead]
         keep = [i for i, s in enumerate(seeds) if not any((s, v) in dead for v in reads)]
@@ -401,11 +401,15 @@ def without_dead_runs(study: Study, dead: Mapping[tuple[int, str], str], seeds: 
             if tuple(keep) not in again:
                 again[tuple(keep)] = study_findings(pool([per_seed[i] for i in keep], list(names)),
                                                     [seed_results[i] for i in keep], names, ks, ts, rep, resamples)
-            g = {x.name: x for x in again[tuple(keep)].findings}[f.name]
+            g = same(again[tuple(keep)])
             info.update(verdict_without=g.verdict.verdict, holds=g.verdict.verdict == f.verdict.verdict,
                         intervals_without=_as_dict(g.intervals))
-        out[f.name] = dataclasses.replace(f, facts={**f.facts, "without_dead_runs": info})
-    return dataclasses.replace(study, f1=out["F1"], f2=out["F2"], f3=out["F3"])
+        return dataclasses.replace(f, facts={**f.facts, "without_dead_runs": info})
+
+    out = {f.name: checked(f, finding_runs(rep)[f.name], lambda s, n=f.name: {x.name: x for x in s.findings}[n])
+           for f in study.findings}
+    variants = {n: checked(f, (n,), lambda s, n=n: s.advantage_f1[n]) for n, f in study.advantage_f1.items()}
+    return dataclasses.replace(study, f1=out["F1"], f2=out["F2"], f3=out["F3"], advantage_f1=variants)
 
 
 def _pairs(base, trained) -> tuple[list, list]:

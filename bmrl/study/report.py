@@ -12,7 +12,7 @@ from bmrl.config import Config, make_budget
 from bmrl.learn.health import RULE
 from bmrl.study.verdicts import UNTRAINABLE_BASE_RULE
 from bmrl.eval import markdown
-from bmrl.study.findings import BASE, LEVELS, Study, f2_point
+from bmrl.study.findings import BASE, LEVELS, Study, f2_point, without_sentence
 
 F1_SAYS = {"as_study": "so RL's gain shrinks when the budget is tight",
            "opposite": "so here RL's gain is larger at the tight budget",
@@ -55,9 +55,10 @@ def _f1_gains(f1) -> str:
 
 
 def _advantage_sentence(name: str, f1, rep) -> str:
-    """F1's measure and rule for a variant trained with another advantage estimator (`reproduce.advantage`)."""
+    """F1's measure and rule for a variant trained with another advantage estimator (`reproduce.advantage`), then
+    (in a study with dead runs) whether it holds without them."""
     return (f"Budget dependence with {rep.advantage[name]} advantages ({name}): Pass@(1,T) over the base changed by "
-            f"{_f1_gains(f1)} (F1's rule: {f1.verdict.verdict}).")
+            f"{_f1_gains(f1)} (F1's rule: {f1.verdict.verdict}).{without_sentence(f1.facts.get('without_dead_runs'))}")
 
 
 def summary_table(pooled: dict, study: Study, names: list[str], ks: tuple[int, ...], ts: tuple[int, ...]) -> tuple[str, dict]:
