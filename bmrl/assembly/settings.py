@@ -37,8 +37,8 @@ def platform_default(name: str, value: int | None) -> int:
 
 
 def rollout_config(cfg: Config, for_eval: bool = False):
-    """The `RolloutConfig` of the `rollout` section; evaluation samples at `eval.temperature`; the speed
-    knobs left null take the platform's defaults (`PLATFORM_DEFAULTS`)."""
+    """The `RolloutConfig` of the `rollout` section; evaluation samples at `eval.temperature` and keeps no
+    learning samples; the speed knobs left null take the platform's defaults (`PLATFORM_DEFAULTS`)."""
     r = cfg.rollout
     temperature = cfg.eval.temperature if for_eval else r.temperature
     return RolloutConfig(
@@ -48,6 +48,7 @@ def rollout_config(cfg: Config, for_eval: bool = False):
         sampling=SamplingConfig(temperature=temperature, top_k=r.top_k, top_p=r.top_p),
         compact_min_rows=platform_default("compact_min_rows", r.compact_min_rows), compact_steps=r.compact_steps,
         attention_block=platform_default("attention_block", r.attention_block), history_turns=r.history_turns,
+        learning_samples=not for_eval,
     )
 
 

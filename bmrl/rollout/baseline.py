@@ -211,7 +211,7 @@ def python_loop_rollout(
         return arr
 
     turn_samples = None
-    if per_turn:
+    if per_turn and cfg.learning_samples:
         empty = _Piece([], [], [], [])
         flat = [samples[b][k] or empty for b in range(batch) for k in range(Tm)]
         turn_samples = TurnSamples(

@@ -52,7 +52,7 @@ class Window:
     prompt_len: jax.Array  # int32[B]: tokens of the prompt (prefix and first observation), never dropped
     seg_len: jax.Array  # int32[B, H]: tokens of each turn in the window, oldest first (0 = not played yet; H = 0 without a window)
     reply_start: jax.Array  # int32[B]: where the current reply starts in the buffer
-    samples: TurnSamples  # [B, Tm, L]: each played turn's context and reply, for the learner
+    samples: TurnSamples | None  # [B, Tm, L]: each played turn's context and reply, for the learner (None: not kept)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,7 +129,8 @@ class _BoundModel:
         zeros = jnp.zeros((batch,), jnp.int32)
         return s.replace(window=Window(prompt_len=s.n_tok, seg_len=jnp.zeros((batch, H), jnp.int32),
                                        reply_start=zeros,
-                                       samples=TurnSamples.empty(batch, self.cfg.max_turns, self.cfg.max_len)))
+                                       samples=TurnSamples.empty(batch, self.cfg.max_turns, self.cfg.max_len)
+                                       if self.cfg.learning_samples else None))
 
     @staticmethod
     def _rows(s: ModelState) -> jax.Array | None:
@@ -318,9 +319,13 @@ class _BoundModel:
         return s, act, format_ok
 
     def _record_sample(self, s: ModelState, t, active: jax.Array, reply_start: jax.Array) -> ModelState:
-        """Keep turn t of the active rows as a learning sample: the buffer (the windowed context and the
-        reply just decoded), its loss on that reply alone."""
+        """Note where the active rows' reply of turn t starts, and keep the turn as a learning sample (when the
+        rollout keeps them): the buffer (the turn's own context and the reply just decoded), its loss on that
+        reply alone."""
         w, L = s.window, self.cfg.max_len
+        w = w.replace(reply_start=jnp.where(active, reply_start, w.reply_start))
+        if w.samples is None:
+            return s.replace(window=w)
         inside = jnp.arange(L)[None, :] < s.n_tok[:, None]
         mine = inside & (s.turn_of_token == t)  # the reply of turn t (its stop token included)
 
@@ -333,7 +338,7 @@ class _BoundModel:
                             loss_mask=put(x.loss_mask, jnp.where(mine, s.loss_mask, 0.0)),
                             logprobs=put(x.logprobs, jnp.where(mine, s.logprobs, 0.0)),
                             turn_of_token=put(x.turn_of_token, jnp.where(inside, s.turn_of_token, -1)))
-        return s.replace(window=w.replace(samples=samples, reply_start=jnp.where(active, reply_start, w.reply_start)))
+        return s.replace(window=w.replace(samples=samples))
 
     def _turn_chunk(self, s: ModelState, env: Env, obs) -> tuple[jax.Array, jax.Array]:
         """[last reply token, reply_close, obs_open, OBS, obs_close] of each row -> ([B, W], lengths [B])."""
@@ -417,6 +422,6 @@ class _BoundModel:
         inside = jnp.arange(L)[None, :] < s.n_tok[:, None]
         out = dict(tokens=s.tokens, length=s.n_tok, loss_mask=s.loss_mask, logprobs=s.logprobs,
                    turn_of_token=jnp.where(inside, s.turn_of_token, -1))
-        if s.window is not None:
+        if s.window is not None and s.window.samples is not None:
             out["turn_samples"] = s.window.samples
         return out

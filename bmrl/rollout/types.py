@@ -111,6 +111,8 @@ class RolloutConfig:
       observation) and the last H turns' replies and observations, so max_len need only hold H + 1
       turns whatever the budget; the trajectory then carries each turn as its own learning sample
       (`Trajectory.turn_samples`). None: the whole episode is one append-only context.
+    learning_samples: whether such a rollout keeps the turn samples; an evaluation, which trains on
+      nothing, does not ([B, Tm, L] arrays less to carry and compact).
     """
 
     max_turns: int
@@ -122,6 +124,7 @@ class RolloutConfig:
     compact_steps: int = 4  # compaction splits the batch into at most this many chunks (see `compact_chunk`)
     attention_block: int = BLOCK_SIZE  # keys per attention block over the KV cache (0 = the whole buffer)
     history_turns: int | None = None  # turns of history in each context (None = all: append-only)
+    learning_samples: bool = True  # keep each turn's sample when turns see contexts of their own (evaluation: no)
 
     def __post_init__(self) -> None:
         for name in ("max_turns", "max_reply_tokens", "max_len"):

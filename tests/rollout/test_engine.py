@@ -234,6 +234,8 @@ def rewritten(windowed):
         cfg = dataclasses.replace(_cfg(max_turns=6, max_len=512), history_turns=H)
         for name, play in (("engine", rollout), ("naive", python_loop_rollout)):
             out[name, H] = play(windowed["policy"], env, WINDOW_TASKS, jnp.array(WINDOW_CAPS), jax.random.key(3), cfg, fmt)
+    out["unkept"] = rollout(windowed["policy"], env, WINDOW_TASKS, jnp.array(WINDOW_CAPS), jax.random.key(3),
+                            dataclasses.replace(cfg, learning_samples=False), fmt)  # as an evaluation plays
     return out
 
 
@@ -243,11 +245,15 @@ def test_rewritten_history_equals_reprompting_from_scratch(rewritten, windowed, 
     the earlier turns (the last 2 with a window), every earlier reply cut to what the history keeps: the engine
     (the cut span removed and the context re-prefilled in the compiled loop) equals the Python loop that rebuilds
     each context from scratch, trajectories and turn samples alike; the cut really removes tokens; the rollout's
-    turn samples are what SFT lays out from the same episodes (`windowed_rows`)."""
+    turn samples are what SFT lays out from the same episodes (`windowed_rows`); a rollout that keeps no samples
+    (`learning_samples=False`, an evaluation's) plays the same episodes."""
     from bmrl.learn.demos import demo_tokens_needed, make_demos, windowed_rows
 
     eng, naive, fmt = rewritten["engine", H], rewritten["naive", H], rewritten["fmt"]
     _assert_same(eng, naive)
+    if H == 2:  # an evaluation keeps no samples and plays the same episodes
+        assert rewritten["unkept"].turn_samples is None
+        _assert_same(rewritten["unkept"], eng)
     a, b = eng.turn_samples, naive.turn_samples
     for f in ("tokens", "length", "loss_mask", "turn_of_token"):
         np.testing.assert_array_equal(np.asarray(getattr(a, f)), np.asarray(getattr(b, f)), err_msg=f)
