@@ -18,7 +18,10 @@ a laptop. Time is a roofline with every assumption in the result:
 
 P counts the parameters that multiply (an untied input embedding is a lookup); L is rollout.max_len, the
 buffer every row is padded to. The rollout plays every row to its largest cap and reply limit (the loop
-stops earlier when all rows have stopped: an upper bound) and prefills the rest of the buffer.
+stops earlier when all rows have stopped: an upper bound) and prefills the rest of the buffer; with a history
+window every turn re-prefills its window, and with the chat template's history (`format.history: template`) what
+each reply keeps is prefilled once more (the buffer at most). Where each turn is its own sample, the learner's rows
+are rows x max_turns.
 """
 
 from __future__ import annotations
@@ -418,9 +421,9 @@ def step_time(mcfg: Any, axes: dict[str, int], hardware: Hardware, a: Assumption
     flops_per_s = devices * hardware.peak_flops * a.mfu
     length = shapes.max_len
     turns = min(cfg.rollout.max_turns, max_cap)
-    if shapes.turn_rows == 1:
+    if cfg.rollout.history_turns is None:  # one context; the template's rewrite re-prefills what a reply keeps
         decode_steps = min(turns * cfg.rollout.max_reply_tokens, length)
-        prefill_tokens = length - decode_steps
+        prefill_tokens = length - decode_steps if shapes.turn_rows == 1 else length
     else:  # a history window: every turn decodes its reply and re-prefills the window (at most the buffer)
         decode_steps = turns * cfg.rollout.max_reply_tokens
         prefill_tokens = turns * max(length - cfg.rollout.max_reply_tokens, 0)

@@ -139,6 +139,11 @@ def test_tiny_model_by_hand(monkeypatch):
     assert window.memory.peak == m.peak and window.shapes.learner_rows == 2 * p.shapes.learner_rows
     assert (w.decode_steps, w.prefill_tokens, w.learner_tokens) == (steps, 2 * (L - 4), 2 * rows * L)
     assert "update 4 x 2 turn rows x 1 epoch" in window.table()
+    # The chat template's history (format.history: template): a row per turn too; one context whose earlier replies
+    # are re-prefilled once, as much as they keep (at most every decoded token): the buffer at most.
+    template = plan_lib.plan(config_lib.build([TINY, dict(format=dict(history="template"))]), toy, mfu=0.5,
+                             bandwidth_share=0.25, mcfg=mcfg).time
+    assert (template.decode_steps, template.prefill_tokens, template.learner_tokens) == (steps, L, 2 * rows * L)
 
 
 # ---------------------------------------------------------------- (c) does not fit -> a knob that fits
