@@ -180,13 +180,13 @@ def _abstract(tree: Any) -> Any:
 
 
 class Checkpointer:
-    """Save every `every` steps, keep the last `keep` committed, restore the newest verified one."""
+    """Save the steps it is given (when: `bmrl.loop.Schedule`), keep the last `keep` committed, restore the newest
+    verified one."""
 
-    def __init__(self, directory: str | os.PathLike, keep: int = 3, every: int = 1, *, async_save: bool = True):
+    def __init__(self, directory: str | os.PathLike, keep: int = 3, *, async_save: bool = True):
         if keep < 1:
             raise ValueError(f"checkpoint.keep must be >= 1, got {keep}.")
         self.directory = os.path.abspath(os.fspath(directory))
-        self.every = max(int(every), 0)
         self.keep = int(keep)
         self._pending: int | None = None
         self.last_good: int | None = None  # newest checkpoint known to be whole (committed or verified)
@@ -212,10 +212,6 @@ class Checkpointer:
 
     def step_path(self, step: int) -> str:
         return os.path.join(self.directory, str(int(step)))
-
-    def due(self, step: int, last_step: int) -> bool:
-        """Save after `step` updates? Every `every` steps, and always at the end of the run."""
-        return step == last_step or (self.every > 0 and step % self.every == 0)
 
     def describe_last_good(self) -> str:
         """'step N (path)' of the newest good checkpoint, or 'none (...)'."""

@@ -5,8 +5,9 @@
 Each step draws `sft.batch_size` fresh demonstrations (the run's player: `bmrl.learn.demos.make_demos`
 for a JAX env, cut after the demonstrator's first wrong action, except a fraction `sft.recovery` that
 go on and show the repair) of train-split tasks and takes one optimizer step of token cross-entropy
-on the reply tokens (action tokens + stop; `bmrl.learn.sft`). Everything is a function of
-`cfg.seed` and the step: step s uses tasks s*B .. s*B+B-1 of a seed-shuffled train pool and demo key
+on the reply tokens (action tokens + stop; `bmrl.learn.sft`), in the one training loop that RL uses
+(`bmrl.loop`: SFT brings the step and its data source). Everything is a function of `cfg.seed` and the
+step: step s uses tasks s*B .. s*B+B-1 (the data position) of a seed-shuffled train pool and demo key
 fold_in(key, s). The trained policy is evaluated by the one evaluator, greedy and sampled, on
 held-out test-split tasks at the largest turn cap, then saved as a Hugging Face directory.
 
@@ -16,14 +17,13 @@ oracle played from the host on its `info["next_oracle_action"]` (`bmrl.learn.hos
 demonstration is at most `rollout.max_len` tokens (later observations are known only as the env runs).
 The run directory follows the rule of `bmrl.rundir` (refused when not writable or made with other
 settings; a finished one is returned untouched); a killed run resumes from its newest checkpoint
-(`<out_dir>/checkpoints`, saved at the log steps) with bitwise the same result; with LoRA only onto the
-base its adapters were trained on (else `CheckpointMismatch`).
+(`<out_dir>/checkpoints`, saved at the first log step `sft.checkpoint_minutes` after the last) with
+bitwise the same result; with LoRA only onto the base its adapters were trained on (else `CheckpointMismatch`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -33,17 +33,16 @@ import jax.numpy as jnp
 import numpy as np
 
 from bmrl.assembly import Run, base_dir, build_run, build_tokenizer, fitting_cap, load_policy, new_policy, with_lora
-from bmrl.assembly.learner import Learner
-from bmrl.checkpoint import Checkpointer
-from bmrl.config import Config, to_dict
+from bmrl.config import Config
 from bmrl.eval.run import evaluate_config
 from bmrl.learn.demos import longest_reply, windowed_rows
 from bmrl.learn.optim import optimizer_from_config
 from bmrl.learn.sft import demo_stats, make_sft_step
-from bmrl.learn.step import DROPOUT_STREAM, init_opt_state
-from bmrl.metrics import MetricsLogger
+from bmrl.learn.step import DROPOUT_STREAM
+from bmrl.loop import Loop, Schedule, TrainState
 from bmrl.model.decoder import num_params
 from bmrl.model.peft import export_policy
+from bmrl.rollout.types import per_turn_contexts
 from bmrl.rundir import RunDir
 
 
@@ -90,13 +89,21 @@ def _policy(cfg: Config, run: Run | None) -> tuple[Any, Any, Run]:
     return model, tokenizer, build_run(cfg, tokenizer) if run is None else run  # `bmrl sft` passes its bundle
 
 
-def _demo_source(cfg: Config, run: Run, train: Any, key: jax.Array, demo_len: int) -> Callable[[int], Any]:
-    """`demos_at(step)`: step s's demonstrations, a function of (seed, s) only."""
+def _windowed(cfg: Config, run: Run) -> bool:
+    """Whether each demonstrated turn trains as its own row, in the context a rollout would give it (a history
+    window, `rollout.history_turns`, or the chat template's history, `format.history: template`: the run's
+    rollout sees contexts of its own per turn), rather than each whole demonstration as one append-only row."""
+    return per_turn_contexts(run.rollout, run.fmt)
+
+
+def _demo_source(cfg: Config, run: Run, train: Any, key: jax.Array, demo_len: int) -> Callable[[int, int], Any]:
+    """`demos_at(step, position)`: the demonstrations of the train tasks at data position `position` of a
+    seed-shuffled pool, drawn with step `step`'s key: a function of (seed, step, position) only."""
     s, player = cfg.sft, run.player
     order = np.asarray(jax.random.permutation(jax.random.fold_in(key, 0), player.count(train)))
 
-    def demos_at(step: int):
-        idx = order[(step * s.batch_size + np.arange(s.batch_size)) % len(order)]
+    def demos_at(step: int, position: int):
+        idx = order[(position + np.arange(s.batch_size)) % len(order)]
         k = jax.random.fold_in(jax.random.fold_in(key, 1), step)
         caps = None
         if cfg.env.show_budget:  # show the budgets RL will: drawn from the run's budget sampler
@@ -107,73 +114,91 @@ def _demo_source(cfg: Config, run: Run, train: Any, key: jax.Array, demo_len: in
     return demos_at
 
 
-def _fit(cfg: Config, run: Run, policy, demos_at: Callable, out_dir: str, log: Callable,
+@dataclasses.dataclass
+class SFTRecord:
+    """What a resumed SFT run needs to write the same metrics and summary as an uninterrupted one."""
+
+    losses: list = dataclasses.field(default_factory=list)  # every step's loss
+    last: dict = dataclasses.field(default_factory=dict)  # the last logged row
+    metrics_records: int | None = None  # records in sft_metrics.jsonl at the checkpoint
+
+    def to_meta(self, records: int) -> dict:
+        return {"losses": self.losses, "last": self.last, "metrics_records": int(records)}
+
+    @classmethod
+    def from_meta(cls, meta: dict) -> SFTRecord:
+        run = meta["run"]
+        return cls(list(run["losses"]), dict(run["last"]), run["metrics_records"])
+
+
+def _fit(cfg: Config, run: Run, policy, demos_at: Callable, log: Callable,
          on_step: Callable[[int, int], Any] | None = None) -> tuple[Any, list, dict]:
-    """`sft.steps` optimizer steps on fresh demonstrations; metrics to sft_metrics.jsonl at log steps, where
-    `on_step(steps done, steps)` hears the progress too, and a checkpoint is saved once `sft.checkpoint_minutes`
-    passed since the last (the training loop's `Checkpointer`, keeping `checkpoint.keep`; a save costs
-    seconds, a step far less): a killed run resumes from the newest one, bitwise as if uninterrupted
-    (step s's demonstrations are a function of the seed and s). With LoRA the adapters train on the frozen base,
-    whose identity the checkpoints record: a resume onto another base raises `CheckpointMismatch`
-    (`bmrl.assembly.learner`). Returns (the trained policy, losses, the last logged row)."""
+    """`sft.steps` optimizer steps on fresh demonstrations, in the one training loop (`bmrl.loop`: its resume,
+    checkpoints and LoRA split). Metrics go to sft_metrics.jsonl at log steps (a tenth of the steps), where a
+    checkpoint is saved once `sft.checkpoint_minutes` passed since the last (a save costs seconds, a step far
+    less); `on_step(steps done, steps)` hears the progress every tenth of the steps. A killed run resumes from
+    the newest checkpoint, bitwise as if uninterrupted. Returns (the trained policy, every step's loss, the
+    last logged row)."""
     s = cfg.sft
     tx = optimizer_from_config(s.optim, s.steps)
-    learner, params = Learner.of(policy, cfg)  # LoRA: the adapters train, the base is a frozen input of the step
-    opt_state = init_opt_state(tx, params)  # distinct buffers: the step donates them
-    window = cfg.rollout.history_turns  # each turn its own row, in the contexts a windowed rollout builds
+    schedule = Schedule(s.steps, minutes=s.checkpoint_minutes, log_every=max(1, s.steps // 10),
+                        metrics="sft_metrics.jsonl", tensorboard=False)
+    loop = Loop(cfg, policy, tx, schedule, name="sft", log=log, on_step=on_step)
+    learner = loop.learner  # LoRA: the adapters train, the base is a frozen input of the step
+    windowed = _windowed(cfg, run)  # each turn its own row, in the contexts a windowed rollout builds
     to_rows = jax.jit(windowed_rows, static_argnums=(1, 2))
-    max_targets = (1 if window else s.demo_turns) * (longest_reply(run.env, run.fmt, cfg.rollout.max_reply_tokens) + 1)
-    step_fn = make_sft_step(learner.graphdef, tx, max_targets)
-    dropout_key = jax.random.fold_in(jax.random.key(cfg.seed), DROPOUT_STREAM)  # LoRA dropout draws: (seed, step)
-    t_train, log_every = time.time(), max(1, s.steps // 10)
-    saved_at = t_train
+    reply = longest_reply(run.env, run.fmt, cfg.rollout.max_reply_tokens) + 1  # stop included
+    max_targets = (1 if windowed else s.demo_turns) * reply
+    sft_step = make_sft_step(learner.graphdef, tx, max_targets)
+    t_train = time.time()
     pending: list[tuple[int, dict]] = []  # device metrics, fetched at log steps (keeps dispatch async)
-    ckpt = Checkpointer(os.path.join(out_dir, "checkpoints"), keep=cfg.checkpoint.keep)
-    start, losses, last, records = 0, [], {}, None  # losses: every step's; last: the last logged row
-    restored = learner.restore(ckpt, {"params": params, "opt_state": opt_state})  # LoRA: refused on another base
-    if restored is not None:
-        (params, opt_state), meta = (restored[0]["params"], restored[0]["opt_state"]), restored[1]
-        start, losses, last, records = int(meta["step"]), meta["losses"], meta["last"], meta["metrics_records"]
-        log(f"sft: resumed from {ckpt.directory} at step {start}")
-    logger = MetricsLogger(out_dir, tensorboard=False, name="sft_metrics.jsonl", keep_records=records)  # the loop's logger
+
+    def step(state: TrainState) -> tuple[TrainState, tuple[dict, Any]]:
+        d = demos_at(state.step, state.data_position)
+        drop = None
+        if learner.dropout:  # LoRA's dropout draws: a function of (seed, step)
+            drop = jax.random.fold_in(jax.random.fold_in(state.key, DROPOUT_STREAM), state.step)
+        if windowed:
+            rows = to_rows(d, cfg.rollout.history_turns, cfg.rollout.max_len)
+        else:
+            rows = (d.tokens, d.length, d.loss_mask)
+        params, opt_state, m = sft_step(state.params, state.opt_state, *rows, learner.base, drop)
+        return dataclasses.replace(state, params=params, opt_state=opt_state, step=state.step + 1,
+                                   data_position=state.data_position + s.batch_size), (m, d)
+
+    def after(state: TrainState, out: tuple[dict, Any]) -> dict:
+        """Step metrics to sft_metrics.jsonl at log steps, the last with its demonstrations' stats."""
+        m, d = out
+        pending.append((state.step - 1, m))
+        if not schedule.logs(state.step):
+            return {}
+        elapsed, rec = round(time.time() - t_train, 3), state.record
+        for i, pm in pending:
+            row = {k: float(v) for k, v in pm.items()}
+            if i == state.step - 1:
+                row.update(demo_stats(d), time_s=elapsed)
+                rec.last = {"step": i, **row}
+            rec.losses.append(row["loss"])
+            loop.logger.write(i, row)
+        pending.clear()
+        log(f"sft step {state.step - 1:5d}  loss {rec.last['loss']:.4f}  token acc {rec.last['token_acc']:.3f}  "
+            f"({elapsed:.1f}s)")
+        return {"loss": rec.last["loss"]}
+
+    state = loop.start(SFTRecord)
     try:
-        for step in range(start, s.steps):
-            d = demos_at(step)
-            drop = jax.random.fold_in(dropout_key, step) if learner.dropout else None
-            rows = (d.tokens, d.length, d.loss_mask) if window is None else to_rows(d, window, cfg.rollout.max_len)
-            params, opt_state, m = step_fn(params, opt_state, *rows, learner.base, drop)
-            pending.append((step, m))
-            if step % log_every == 0 or step == s.steps - 1:
-                elapsed = round(time.time() - t_train, 3)
-                for i, pm in pending:
-                    row = {k: float(v) for k, v in pm.items()}
-                    if i == step:
-                        row.update(demo_stats(d), time_s=elapsed)
-                        last = {"step": i, **row}
-                    losses.append(row["loss"])
-                    logger.write(i, row)
-                pending.clear()
-                if time.time() - saved_at >= 60 * s.checkpoint_minutes:
-                    saved_at = time.time()
-                    ckpt.save(step + 1, {"params": params, "opt_state": opt_state},
-                              {"config": to_dict(cfg), "losses": losses, "last": last, "metrics_records": logger.count}
-                              | learner.checkpoint_meta())
-                    ckpt.commit()  # written before the next step donates the buffers
-                if on_step is not None:
-                    on_step(step + 1, s.steps)
-                log(f"sft step {step:5d}  loss {last['loss']:.4f}  token acc {last['token_acc']:.3f}  ({elapsed:.1f}s)")
+        state = loop.run(state, step, after)
     finally:
-        logger.close()
-        ckpt.close()
-    jax.block_until_ready(params)
-    return learner.merged(params), losses, last
+        loop.close()
+    jax.block_until_ready(state.params)
+    return learner.merged(state.params), state.record.losses, state.record.last
 
 
 def run_sft(cfg: Config, *, log: Callable[[str], Any] = print, return_model: bool = False, run=None,
             on_step: Callable[[int, int], Any] | None = None) -> dict | tuple[dict, Any]:
     """Train the SFT base policy of `cfg`; write it and its summary under `cfg.out_dir`; return the summary
     (and the trained `Decoder` with `return_model=True`, for callers that go on in-process). `on_step(n,
-    steps)` hears the training progress at each log step (`bmrl reproduce`'s stage ETA).
+    steps)` hears the training progress every tenth of the steps and at the end (`bmrl reproduce`'s stage ETA).
 
     Every config problem is raised (as `ConfigError`) before anything is written.
     """
@@ -187,8 +212,8 @@ def run_sft(cfg: Config, *, log: Callable[[str], Any] = print, return_model: boo
     env, fmt, player = run.env, run.fmt, run.player
     player.check_demos()  # a Python env must name its oracle's next action
     cap = fitting_cap(cfg, env, fmt, run.budget.max_cap)  # the largest training cap that fits
-    windowed = cfg.rollout.history_turns is not None  # then whole demos are laid out, then cut into windows
-    demo_len = player.demo_len(s.demo_turns, 1 << 30 if windowed else cfg.rollout.max_len)
+    # windowed: whole demonstrations are laid out, then cut into each turn's row
+    demo_len = player.demo_len(s.demo_turns, 1 << 30 if _windowed(cfg, run) else cfg.rollout.max_len)
     rundir.write_config(cfg)
     train, test = player.tasks("train"), player.tasks("test", cfg.eval.num_tasks)
     key = jax.random.key(cfg.seed)
@@ -202,8 +227,7 @@ def run_sft(cfg: Config, *, log: Callable[[str], Any] = print, return_model: boo
     before = evaluate_policy(model, run, cfg, test, cap, eval_key, ("greedy",))["greedy"]
     log(f"sft: initial policy greedy success {before['success']:.3f} ({time.time() - t_eval:.1f}s)")
     t_train = time.time()
-    model, losses, last = _fit(cfg, run, model, _demo_source(cfg, run, train, key, demo_len),
-                               cfg.out_dir, log, on_step)
+    model, losses, last = _fit(cfg, run, model, _demo_source(cfg, run, train, key, demo_len), log, on_step)
     train_time = time.time() - t_train
     result = evaluate_policy(model, run, cfg, test, cap, eval_key)
     written = export_policy(model, tokenizer, cfg.out_dir, base_dir(cfg))  # LoRA: policy_adapter/ beside policy/

@@ -1,17 +1,19 @@
-"""The RL training loop: rollout and update alternate, one readable loop (big_vision style).
+"""RL training: rollout and update alternate in the one training loop (`bmrl.loop`, shared with SFT).
 
     summary = train(cfg)            # cfg: bmrl.config.Config
 
-    loop = Trainer(cfg, run)                    # setup: everything built once
-    state = loop.setup(policy)                  # TrainState: params, opt state, key, data position, run record
-    while state.step < steps:                   #   (a fresh one, or the newest checkpoint's)
-        state, m = loop.step(state)             # key = fold_in(key, step): every draw derives from (seed, step)
+    trainer = Trainer(cfg, run)                 # setup: everything built once
+    state = trainer.setup(policy)               # TrainState: params, opt state, key, data position, run record
+                                                #   (a fresh one, or the newest checkpoint's: trainer.loop.start)
+    state = trainer.loop.run(state, trainer.step, trainer.after_step)   # while state.step < steps:
+        trainer.step(state)                     # key = fold_in(key, step): every draw derives from (seed, step)
                                                 # rows = the train split at the data position, x group_size
                                                 # caps = budget.sample(...): inside jit, caps are data
                                                 # traj, faults = player.play(params, rows, caps, key)
                                                 # params, opt_state = update(..., traj, key)
-        loop.after_step(state, m)               # hooks: log, run health, non-finite guard, evaluate Pass@(1,T), checkpoint
-    summary = loop.finish(state, ...)           # the policy as a Hugging Face directory, summary.json
+        trainer.after_step(state, m)            # hooks: log, run health, non-finite guard, evaluate Pass@(1,T)
+                                                # then the loop's checkpoint (every checkpoint.every steps), progress
+    summary = trainer.finish(state, ...)        # the policy as a Hugging Face directory, summary.json
 
 With `train.oversample` (dynamic sampling) each step plays that many extra task groups and trains on
 `tasks_per_step` of them, the groups whose rewards differ first (`select_groups`): one shape, selection by
@@ -48,21 +50,19 @@ import numpy as np
 from flax import nnx
 
 from bmrl import compiles as compiles_lib
-from bmrl import config as config_lib
 from bmrl import memory as memory_lib
 from bmrl.assembly import Run, base_dir, build_run, init_policy, lora_spec
 from bmrl.assembly.checks import evaluation_tasks
-from bmrl.assembly.learner import Learner
-from bmrl.checkpoint import Checkpointer, key_data
 from bmrl.distributed import TRANSFERS, main_writes, process_info, to_host, warm_collectives
 from bmrl.eval.run import evaluate_config
 from bmrl.learn import optimizer_from_config
 from bmrl.learn.advantages import group_has_signal
 from bmrl.learn.health import RunHealth
 from bmrl.learn import step as step_lib
-from bmrl.metrics import MetricsLogger, Progress, read_jsonl, to_scalar, write_jsonl_atomic
+from bmrl.loop import Loop, Schedule, TrainState
+from bmrl.metrics import read_jsonl, to_scalar, write_jsonl_atomic
 from bmrl.model.peft import export_policy
-from bmrl.parallel import make_mesh, param_shardings, shard_batch, state_shardings
+from bmrl.parallel import make_mesh, shard_batch
 from bmrl.rundir import RunDir
 
 EVAL_STREAM = 0x3E7A1  # fold_in constant separating evaluation keys from training keys
@@ -135,21 +135,10 @@ def select_groups(traj, *, group_size: int, keep: int):
     return jax.tree.map(lambda x: x[rows], traj)
 
 
-def place_learner(optimizer, params: Any, mesh) -> tuple[Any, Any, tuple[Any, Any]]:
-    """The learner's pinned layouts: `params` placed on `mesh` by the partition rules and a fresh
-    optimizer state following them (bmrl.parallel). Returns (params, opt_state, (param_shardings,
-    opt_state_shardings)); the update program is compiled for exactly these shardings."""
-    param_sh = param_shardings(params, mesh)
-    params = jax.device_put(params, param_sh)
-    opt_state = step_lib.init_opt_state(optimizer, params)
-    opt_sh = state_shardings(opt_state, mesh)
-    return params, jax.device_put(opt_state, opt_sh), (param_sh, opt_sh)
-
-
-# ---------------------------------------------------------------- the training state
+# ---------------------------------------------------------------- the run record
 @dataclasses.dataclass
 class RunRecord:
-    """What a resumed run needs to write the same summary and metrics as an uninterrupted one."""
+    """What a resumed RL run needs to write the same summary and metrics as an uninterrupted one."""
 
     eval_log: dict = dataclasses.field(default_factory=dict)  # {step: {T: (pass1, se)}}
     tokens_seen: int = 0
@@ -172,25 +161,10 @@ class RunRecord:
                    dict(run.get("health") or {}))
 
 
-@dataclasses.dataclass
-class TrainState:
-    """The one training state: what the loop threads from step to step and the checkpoint keeps."""
-
-    params: Any
-    opt_state: Any
-    key: Any  # the run's base key; every draw of step s derives from fold_in(key, s)
-    step: int = 0
-    data_position: int = 0  # tasks of the training stream consumed
-    record: RunRecord = dataclasses.field(default_factory=RunRecord)
-
-    def arrays(self) -> dict:
-        """The checkpoint's arrays."""
-        return {"params": self.params, "opt_state": self.opt_state, "key": key_data(self.key)}
-
-
-# ---------------------------------------------------------------- the loop
+# ---------------------------------------------------------------- RL's parts of the loop
 class Trainer:
-    """Everything a run builds once (setup), the step, the hooks after it, and the finish."""
+    """Everything an RL run builds once (setup), its step, the hooks after it, and the finish; the loop,
+    state, resume and checkpoints are `bmrl.loop`'s."""
 
     def __init__(self, cfg, run, *, progress: bool | None, on_step: Callable | None, evaluate: bool):
         t = self.t = cfg.train
@@ -206,14 +180,9 @@ class Trainer:
         self.transfer_s = self.eval_transfer_s = 0.0  # seconds spent gathering rows across processes
 
     def setup(self, policy) -> TrainState:
-        """Optimizer, memory plan, placed learner, programs and evaluators; the state resumed from the
-        newest complete checkpoint, if any (else a fresh one)."""
+        """Optimizer, memory plan, the loop (its placed learner), programs and evaluators; the state resumed
+        from the newest complete checkpoint, if any (else a fresh one)."""
         cfg, t = self.cfg, self.t
-        learner, params = Learner.of(policy, cfg)
-        if learner.lora:  # train the adapters; the base is frozen, placed once, and the KL reference
-            base = jax.device_put(learner.base, param_shardings(learner.base, self.mesh))
-            learner = dataclasses.replace(learner, base=base)
-        self.learner = learner
         optimizer = optimizer_from_config(t.optim, t.steps * t.epochs * t.minibatches, master_f32=t.f32_master)
         plan = memory_lib.plan_for_config(cfg, policy.config, self.mesh, optimizer, lora=lora_spec(cfg))
         if jax.process_index() == 0:
@@ -221,40 +190,29 @@ class Trainer:
             for note in self.run.fmt.notes:  # where the trained context differs from the chat template's rendering
                 print(f"bmrl train: format: {note}", flush=True)
         plan.check()  # MemoryPlanError (a ConfigError, exit 2) before anything big is allocated
-        params, opt_state, self.shardings = place_learner(optimizer, params, self.mesh)
-        self.ref_params = learner.base if learner.lora else jax.tree.map(jnp.copy, params) if t.kl_coef > 0 else None
-        state = TrainState(params, opt_state, jax.random.key(cfg.seed))
-        self.ckpt = Checkpointer(os.path.join(self.out, "checkpoints"), keep=cfg.checkpoint.keep,
-                                 every=cfg.checkpoint.every)
-        state = self._resume(state)
+        self.loop = Loop(cfg, policy, optimizer, Schedule(t.steps, every=cfg.checkpoint.every), name="bmrl train",
+                         mesh=self.mesh, log=lambda text: print(text, flush=True), progress=self.progress,
+                         on_step=self.on_step)
+        learner = self.learner = self.loop.learner  # LoRA: the adapters train; the frozen base is the KL reference
+        fresh = self.loop.fresh.params
+        self.ref_params = learner.base if learner.lora else jax.tree.map(jnp.copy, fresh) if t.kl_coef > 0 else None
+        state = self.loop.start(RunRecord)
         rcfg = self.run.rollout
         self.play = self.player.playing(learner.graphdef, rcfg, self.mesh)
         self.update = step_lib.make_update(learner.graphdef, optimizer, t, rcfg.sampling.temperature,
-                                           shardings=self.shardings, frozen=learner.lora, dropout=learner.dropout)
+                                           shardings=self.loop.shardings, frozen=learner.lora, dropout=learner.dropout)
         budget, batch = self.run.budget, self.batch
         self.sample_caps = compiles_lib.counted_jit(
             lambda key: budget.sample(key, batch, t.group_size, cfg.budget.share_in_group), name="budget_sample")
         self.evaluators = {s: make_evaluator(learner.graphdef, self.run, cfg, tasks, self.mesh)
                            for s, tasks in self.held_out.items()}
         self.counted_before = compiles_lib.counts()
-        self.logger = MetricsLogger(self.out, start_step=state.step, keep_records=state.record.metrics_records)
         _keep_faults_up_to(self.out, state.step)  # faults after the checkpoint are logged again by the replayed steps
-        self.bar = Progress(total=t.steps, initial=state.step, enable=self.progress, on_step=self.on_step)
         self.health = RunHealth.from_dict(state.record.health, t.dead_after, t.dead_invalid_rise)
         self.select = compiles_lib.counted_jit(partial(select_groups, group_size=t.group_size, keep=t.tasks_per_step),
                                                name="select_groups") if t.oversample else None
         self.start = state.step
         return state
-
-    def _resume(self, state: TrainState) -> TrainState:
-        restored = self.learner.restore(self.ckpt, state.arrays())  # LoRA: refused on another base
-        if restored is None:
-            return state
-        arrays, meta = restored
-        params, opt_state = jax.device_put((arrays["params"], arrays["opt_state"]), self.shardings)  # this mesh
-        print(f"bmrl train: resumed from {self.ckpt.directory} at step {int(meta['step'])}", flush=True)
-        return TrainState(params, opt_state, jax.random.wrap_key_data(jnp.asarray(arrays["key"])), int(meta["step"]),
-                          int(meta["data_position"]), RunRecord.from_meta(meta))
 
     def compile_counts(self) -> dict[str, int]:
         """Compiles of this run per program (bmrl.compiles), since the run started."""
@@ -292,36 +250,29 @@ class Trainer:
         record.last = last
         return TrainState(params, opt_state, state.key, state.step + 1, data_position, record), m
 
-    def after_step(self, state: TrainState, m: dict) -> None:
-        """The hooks of a finished step: log, progress, the non-finite guard, evaluation, checkpoint."""
+    def after_step(self, state: TrainState, m: dict) -> dict:
+        """The hooks of a finished step: log, the non-finite guard, evaluation; returns the progress bar's figures."""
         t, last, done = self.t, state.record.last, state.step
         taken = t.epochs * t.minibatches - int(last["train/no_signal_updates"])  # minibatch steps with signal
         flag = self.health.observe(done, float(last["rollout/success"]), taken > 0, float(last["rollout/invalid_rate"]))
         state.record.health = self.health.to_dict()
         last["health/dead"] = int(self.health.dead)
-        self.logger.write(done, last)
+        self.loop.logger.write(done, last)
         if flag is not None:  # said loudly, once per kind; the run goes on (the study checks verdicts without it)
-            self.bar.write(f"bmrl train: WARNING: {self.out}: the run has lost its signal: dead since step "
-                           f"{flag.step}: {flag.reason}.")
-        self.bar.update(success=float(last["rollout/success"]), tok_s=float(last["perf/tokens_per_s"]),
-                        loss=float(m["loss"]))
+            self.loop.bar.write(f"bmrl train: WARNING: {self.out}: the run has lost its signal: dead since step "
+                                f"{flag.step}: {flag.reason}.")
         if int(m["consecutive_skips"]) >= t.max_nonfinite:
             raise NonFiniteError(
                 f"stopping at step {done}: {int(m['consecutive_skips'])} non-finite updates in a row "
                 f"(train.max_nonfinite={t.max_nonfinite}); each was skipped, so the parameters are those of "
                 f"the last finite update and no checkpoint holds nan/inf. Lower train.optim.lr, check "
                 f"train.optim.max_grad_norm, or use model.param_dtype=float32. Last good checkpoint: "
-                f"{self.ckpt.describe_last_good()}."
+                f"{self.loop.ckpt.describe_last_good()}."
             )
         every = self.cfg.eval.every if self.evaluate_on else 0
         if every and done % every == 0 and done != t.steps:
             self.evaluate(state)
-        if self.ckpt.due(done, t.steps):
-            self.ckpt.save(done, state.arrays(), {"data_position": state.data_position,
-                                                  "config": config_lib.to_dict(self.cfg),
-                                                  "run": state.record.to_meta(self.logger.count)}
-                           | self.learner.checkpoint_meta())
-            self.ckpt.commit()  # a failed write stops the run here (CheckpointWriteError), not a save later
+        return {"success": float(last["rollout/success"]), "tok_s": float(last["perf/tokens_per_s"]), "loss": float(m["loss"])}
 
     def evaluate(self, state: TrainState) -> None:
         """Pass@(1,T) at the state's step: the test split at the first and last step (the gain), validation between."""
@@ -332,15 +283,10 @@ class Trainer:
         state.record.eval_log[step] = res
         self.eval_transfer_s += TRANSFERS["seconds"] - moved0
         prefix = "eval" if split == "test" else "val"
-        self.logger.write(step, {f"{prefix}/pass1_T{T}": p for T, (p, _) in res.items()}
-                          | {f"{prefix}/pass1_T{T}_se": se for T, (_, se) in res.items()})
+        self.loop.logger.write(step, {f"{prefix}/pass1_T{T}": p for T, (p, _) in res.items()}
+                               | {f"{prefix}/pass1_T{T}_se": se for T, (_, se) in res.items()})
         text = "  ".join(f"T={T}: {p:.3f}±{se:.3f}" for T, (p, se) in res.items())
-        self.bar.write(f"eval step {step} ({split}): Pass@(1,T) {text}")
-
-    def close(self) -> None:
-        self.bar.close()
-        self.ckpt.close()
-        self.logger.close()
+        self.loop.bar.write(f"eval step {step} ({split}): Pass@(1,T) {text}")
 
     def finish(self, state: TrainState, tokenizer, wall0: float) -> dict:
         """Save the policy (a Hugging Face directory; with LoRA also the PEFT adapter) and return the summary."""
@@ -405,22 +351,20 @@ def train(cfg, *, progress: bool | None = None, run: Run | None = None,
     rundir.write_config(cfg)
     policy, tok = init_policy(cfg, None if run is None else run.tokenizer)
     run = build_run(cfg, tok) if run is None else run  # checked before any write by `bmrl train`
-    loop = Trainer(cfg, run, progress=progress, on_step=on_step, evaluate=evaluate)
-    state = loop.setup(policy)
+    trainer = Trainer(cfg, run, progress=progress, on_step=on_step, evaluate=evaluate)
+    state = trainer.setup(policy)
     try:
         if state.step == 0 and evaluate:
-            loop.evaluate(state)  # the starting policy, the baseline of every gain
-        while state.step < t.steps:
-            state, metrics = loop.step(state)
-            loop.after_step(state, metrics)
+            trainer.evaluate(state)  # the starting policy, the baseline of every gain
+        state = trainer.loop.run(state, trainer.step, trainer.after_step)
         if evaluate and t.steps not in state.record.eval_log:
-            loop.evaluate(state)
+            trainer.evaluate(state)
     finally:
-        loop.close()
-    summary = loop.finish(state, tok, wall0)
+        trainer.loop.close()
+    summary = trainer.finish(state, tok, wall0)
     rundir.write_json("summary.json", summary)
-    if loop.health.dead and jax.process_index() == 0:
-        print(f"bmrl train: WARNING: {out} finished {t.steps} steps as a dead run ({loop.health.describe()}); "
+    if trainer.health.dead and jax.process_index() == 0:
+        print(f"bmrl train: WARNING: {out} finished {t.steps} steps as a dead run ({trainer.health.describe()}); "
               "its summary.json says so under 'health'. Lower train.optim.lr, add train.optim.warmup_steps or "
               "train.oversample (docs/training_stability.md).", file=sys.stderr, flush=True)
     return summary
@@ -450,4 +394,4 @@ def _log_faults(out: str, step: int, faults: list, tasks: list) -> None:
     main_writes("bmrl-faults", write, wait=False)  # a log line per faulty step: no meeting for each
 
 
-__all__ = ["NonFiniteError", "RunRecord", "TrainState", "Trainer", "make_evaluator", "select_groups", "tasks_at", "train"]
+__all__ = ["NonFiniteError", "RunRecord", "Trainer", "make_evaluator", "select_groups", "tasks_at", "train"]

@@ -24,7 +24,7 @@ def _state(x=1.0):
 
 
 def test_roundtrip_keep_last_and_refuse_nan(tmp_path):
-    ck = Checkpointer(tmp_path / "ck", keep=2, every=2)
+    ck = Checkpointer(tmp_path / "ck", keep=2)
     for step in (2, 4, 6):
         ck.save(step, _state(step), {"data_position": step * 3, "config": {"seed": 0}})
     ck.wait()
@@ -35,7 +35,6 @@ def test_roundtrip_keep_last_and_refuse_nan(tmp_path):
     assert np.asarray(state["key"]).dtype == np.uint32
     with pytest.raises(CheckpointNonFinite, match="nan or inf"):
         ck.save(8, _state(float("nan")), {"data_position": 0})
-    assert ck.due(4, 9) and not ck.due(5, 9) and ck.due(9, 9)
     ck.close()
 
 

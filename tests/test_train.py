@@ -300,12 +300,12 @@ def test_compile_count_constant_whatever_budgets(tmp_path):
     assert (out / "tb").is_dir() and os.listdir(out / "tb")
 
     # Caps are data: fixed, mix and uniform budgets through the same compiled programs. The rollout and
-    # the update are built and placed as the loop builds them (bmrl.train: its optimizer, `place_learner`
+    # the update are built and placed as the loop builds them (bmrl.train's optimizer, bmrl.loop's `place_learner`
     # on its 1-device mesh), so their XLA programs are the run's own, loaded from the session's compile cache.
     from bmrl import assembly as policy_lib
     from bmrl.parallel import make_mesh, shard_batch
     from bmrl.rollout import Injection, default_format, make_rollout
-    from bmrl.train import place_learner
+    from bmrl.loop import place_learner
 
     cfg = tiny_cfg(tmp_path)
     t = cfg.train

@@ -125,3 +125,16 @@ def test_qwen_tools_config_builds_with_a_model_directory(qwen_dir):
     assert run.fmt.system.startswith(cfg.format.system_prompt)
     assert run.tokenizer.decode(run.fmt.prefix.tolist()).startswith("<|im_start|>system\n" + cfg.format.system_prompt)
     assert run.env.name == cfg.env.entry and len(run.env.split("test")) == 12
+
+
+def test_sft_lays_out_a_turn_a_row_where_the_rollout_follows_the_template(qwen3_dir):
+    """SFT decides its layout from the run's rollout: with Qwen3's template followed, each demonstrated turn is a
+    row in the context the rollout gives it (`windowed_rows`, equal to the rollout's samples in
+    tests/rollout/test_engine.py); with `format.history: whole`, one append-only row per demonstration."""
+    from bmrl.sft import _windowed
+
+    for history, per_turn in (("template", True), ("whole", False)):
+        cfg = load(None, [*CORRIDOR, *THINK, f"format.history={history}", f"model.path={qwen3_dir}",
+                          "rollout.max_reply_tokens=24", "rollout.max_len=512"])
+        run = build_run(cfg)
+        assert run.fmt.rewrites_history == per_turn and _windowed(cfg, run) == per_turn

@@ -22,7 +22,7 @@ LAYERS = [
     ("eval", ["bmrl.eval", "bmrl.logs"]),
     ("config", ["bmrl.config", "bmrl.memory"]),
     ("assembly, run directory", ["bmrl.assembly", "bmrl.rundir", "bmrl.checkpoint"]),
-    ("runs", ["bmrl.train", "bmrl.sft", "bmrl.eval.run", "bmrl.stages", "bmrl.sweep", "bmrl.plan"]),
+    ("runs", ["bmrl.loop", "bmrl.train", "bmrl.sft", "bmrl.eval.run", "bmrl.stages", "bmrl.sweep", "bmrl.plan"]),
     ("study", ["bmrl.reproduce", "bmrl.study", "bmrl.eval.saved"]),
     ("commands", ["bmrl.commands", "bmrl.cli", "bmrl.__main__"]),
 ]
