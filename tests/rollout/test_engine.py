@@ -26,7 +26,9 @@ from tests.rollout_helpers import steered_policy
 from tests.xla import EIGHT_CPU_DEVICES
 
 ENV_OPTIONS = {
-    "corridor": dict(length=4, eps=0.3),
+    # The corridor shows each row its turns left (`show_budget`): every corridor rollout here renders the caps,
+    # and one env object keeps the file's corridor tests on shared programs.
+    "corridor": dict(length=4, eps=0.3, show_budget=True),
     "frozenlake": dict(size=4, eps=0.2),
     "toolchain": dict(k=2, num_keys=8, p_fail=0.3),
     "sokoban": dict(size=5, boxes=1),
@@ -51,9 +53,16 @@ def _fmt(env):
     return default_format(env)
 
 
-def _cfg(max_turns=8, max_len=768, temperature=0.0, reply=6):
+# The file's shapes: every rollout runs RolloutConfig `_cfg(...)` (6 turns, 512 tokens, replies of 6 tokens) on a
+# batch of 8 rows (`CAPS`), unless its behaviour needs another shape (a per-row-key batch of 64, a tight
+# buffer, an attention block, a compacting chunk): each distinct shape, env and format is an XLA program.
+def _cfg(max_turns=6, max_len=512, temperature=0.0, reply=6):
     return RolloutConfig(max_turns=max_turns, max_reply_tokens=reply, max_len=max_len,
                          sampling=SamplingConfig(temperature=temperature))
+
+
+CAPS = [1, 3, 6, 5, 2, 6, 6, 4]  # the batch of 8 rows: rows finish at every turn
+WINDOW_CAPS, WINDOW_TASKS = CAPS, {"seed": np.arange(8, dtype=np.int32) + 100}
 
 
 def _assert_same(a, b):
@@ -74,9 +83,9 @@ def test_rollout_equals_python_loop(name, temperature, tiny_tokenizer):
     """Token for token, with the same per-row keys: greedy and sampled replies alike."""
     env = _env(name, tiny_tokenizer)
     policy = steered_policy(env, _fmt(env), seed=1, scale=3.0 if temperature else 12.0)
-    caps = jnp.array([1, 3, 6, 5, 2, 6, 6, 4], jnp.int32)
-    tasks = {"seed": jnp.arange(8, dtype=jnp.int32) + 100}
-    cfg = _cfg(max_turns=6, max_len=512, temperature=temperature)
+    caps = jnp.array(CAPS, jnp.int32)
+    tasks = {"seed": np.arange(8, dtype=np.int32) + 100}
+    cfg = _cfg(temperature=temperature)
     a = rollout(policy, env, tasks, caps, jax.random.key(3), cfg)
     b = python_loop_rollout(policy, env, tasks, caps, jax.random.key(3), cfg)
     _assert_same(a, b)
@@ -85,9 +94,6 @@ def test_rollout_equals_python_loop(name, temperature, tiny_tokenizer):
     assert (actions >= 0).any(), actions
     if temperature:
         assert len(set(actions.tolist())) > 1, actions
-
-
-WINDOW_CAPS, WINDOW_TASKS = [1, 3, 6, 5, 2, 6, 6, 4], {"seed": np.arange(8, dtype=np.int32) + 100}
 
 
 @pytest.fixture(scope="module")
@@ -287,13 +293,17 @@ def test_rewritten_history_equals_reprompting_from_scratch(rewritten, windowed, 
 
 
 def test_caps_hold_exactly(tiny_tokenizer):
-    env = _env("corridor", tiny_tokenizer, show_budget=True)
+    """64 rows of mixed caps (up to max_turns), the cap shown in each observation, played as 8 batches of 8
+    (the program of test_rollout_equals_python_loop[corridor-sampled])."""
+    env = _env("corridor", tiny_tokenizer)
     policy = steered_policy(env, _fmt(env), seed=3, scale=3.0)
-    cfg = _cfg(max_turns=12, max_len=1024, temperature=1.0)
+    cfg = _cfg(temperature=1.0)
     batch = 64
-    caps = budget.mix([2, 5, 12], [0.3, 0.3, 0.4]).sample(jax.random.key(0), batch, group_size=8)
-    tasks = {"seed": jnp.arange(batch, dtype=jnp.int32)}
-    tr = jax.tree.map(np.asarray, rollout(policy, env, tasks, caps, jax.random.key(1), cfg))
+    caps = np.asarray(budget.mix([2, 5, 6], [0.3, 0.3, 0.4]).sample(jax.random.key(0), batch, group_size=8))
+    tasks = {"seed": np.arange(batch, dtype=np.int32)}
+    parts = [jax.tree.map(np.asarray, rollout(policy, env, {"seed": tasks["seed"][i:i + 8]}, caps[i:i + 8],
+                                              jax.random.key(1 + i), cfg)) for i in range(0, batch, 8)]
+    tr = jax.tree.map(lambda *x: np.concatenate(x), *parts)
     assert np.all(tr.turns_used <= tr.caps)
     assert np.all(tr.turn_active.sum(1) == tr.turns_used)
     # No token of a turn at or past the cap; no policy token outside acted turns.
@@ -313,7 +323,7 @@ def test_caps_hold_exactly(tiny_tokenizer):
 
 def test_one_compile_across_budgets(tiny_tokenizer):
     """Fixed, mixed and uniform caps, shared in a group or not, run in one program (the caps are data); the
-    program is test_group_members_sample_differently's (the same shapes)."""
+    program is test_rollout_equals_python_loop[corridor-sampled]'s (the same shapes)."""
     env = _env("corridor", tiny_tokenizer)
     policy = steered_policy(env, _fmt(env), seed=4, scale=3.0)
     cfg = _cfg(temperature=1.0)
@@ -324,12 +334,12 @@ def test_one_compile_across_budgets(tiny_tokenizer):
     graphdef, _ = nnx.split(policy)
     run = make_rollout(graphdef, env, _fmt(env), cfg)
     before = run.trace_count()
-    tasks = {"seed": jnp.arange(16, dtype=jnp.int32)}
-    samplers = [budget.fixed(3), budget.fixed(8), budget.mix([2, 4, 8], [0.2, 0.3, 0.5]),
-                budget.uniform(1, 8), budget.mix([4, 6])]
+    tasks = {"seed": np.arange(8, dtype=np.int32)}
+    samplers = [budget.fixed(3), budget.fixed(6), budget.mix([2, 4, 6], [0.2, 0.3, 0.5]),
+                budget.uniform(1, 6), budget.mix([4, 6])]
     used = []
     for i, b in enumerate(samplers):
-        caps = b.sample(jax.random.key(i), 16, group_size=4, share_in_group=i % 2 == 0)
+        caps = b.sample(jax.random.key(i), 8, group_size=4, share_in_group=i % 2 == 0)
         tr = rollout(policy, env, tasks, caps, jax.random.key(10 + i), cfg)
         used.append(np.asarray(tr.turns_used))
     assert run.trace_count() - before <= 1, "the rollout recompiled for new caps"
@@ -344,15 +354,15 @@ def test_same_key_same_trajectory_and_neighbours_do_not_matter(tiny_tokenizer):
     policy = steered_policy(env, _fmt(env), seed=5, scale=3.0)
     cfg = _cfg(temperature=1.0)
     keys = jax.random.split(jax.random.key(7), 64)
-    tasks = {"seed": jnp.arange(64, dtype=jnp.int32)}
-    caps = jnp.full((64,), 8, jnp.int32)
+    tasks = {"seed": np.arange(64, dtype=np.int32)}
+    caps = np.full((64,), 5, np.int32)  # 6 turns of frozenlake outgrow the buffer (the refusal: min cap)
     a = rollout(policy, env, tasks, caps, keys, cfg)
     b = rollout(policy, env, tasks, caps, keys, cfg)
     _assert_same(a, b)
     assert len({row.tobytes() for row in np.asarray(a.tokens)[:, :200]}) > 32  # sampled: rows differ
     # Different neighbours (tasks, caps, keys of rows 1..63): row 0 is unchanged.
-    tasks2 = {"seed": jnp.arange(64, dtype=jnp.int32).at[1:].add(50)}
-    caps2 = caps.at[1:].set(3)
+    tasks2 = {"seed": np.arange(64, dtype=np.int32) + np.int32(50) * (np.arange(64) > 0)}
+    caps2 = np.where(np.arange(64) > 0, 3, caps).astype(np.int32)
     keys2 = keys.at[1:].set(jax.random.split(jax.random.key(99), 63))
     c = rollout(policy, env, tasks2, caps2, keys2, cfg)
     for f in FIELDS:
@@ -360,32 +370,36 @@ def test_same_key_same_trajectory_and_neighbours_do_not_matter(tiny_tokenizer):
 
 
 def test_group_members_sample_differently(tiny_tokenizer):
+    """Two groups of 4 rows on one task each (test_rollout_equals_python_loop[corridor-sampled]'s program)."""
     env = _env("corridor", tiny_tokenizer)
     policy = steered_policy(env, _fmt(env), seed=6, scale=3.0)
     cfg = _cfg(temperature=1.0)
-    tasks = {"seed": jnp.repeat(jnp.arange(2, dtype=jnp.int32), 8)}
-    tr = rollout(policy, env, tasks, jnp.full((16,), 4, jnp.int32), jax.random.key(0), cfg)
-    tokens = np.asarray(tr.tokens).reshape(2, 8, -1)
+    tasks = {"seed": np.repeat(np.arange(2, dtype=np.int32), 4)}
+    tr = rollout(policy, env, tasks, np.full((8,), 4, np.int32), jax.random.key(0), cfg)
+    tokens = np.asarray(tr.tokens).reshape(2, 4, -1)
     for g in range(2):
         assert len({row.tobytes() for row in tokens[g]}) > 1
 
 
 def test_overflow_is_flagged_and_corrupts_nothing(tiny_tokenizer):
+    """A buffer that holds 2 turns against one that holds them all (the file's shapes: the greedy corridor
+    program of test_attention_block_changes_only_the_work)."""
     env = _env("corridor", tiny_tokenizer)
     policy = steered_policy(env, _fmt(env), seed=7)
     fmt = _fmt(env)
     small = fmt.tokens_needed(2, env.max_obs_len, 6)
-    tasks = {"seed": jnp.arange(4, dtype=jnp.int32)}
-    caps = jnp.array([2, 8, 8, 8], jnp.int32)
+    tasks = {"seed": np.arange(8, dtype=np.int32)}
+    caps = jnp.array([2, 6, 6, 6, 2, 6, 6, 6], jnp.int32)
     tight = rollout(policy, env, tasks, caps, jax.random.key(0), _cfg(max_len=small))
-    roomy = rollout(policy, env, tasks, caps, jax.random.key(0), _cfg(max_len=2048))
+    roomy = rollout(policy, env, tasks, caps, jax.random.key(0), _cfg())
     t, r = jax.tree.map(np.asarray, tight), jax.tree.map(np.asarray, roomy)
+    assert fmt.tokens_needed(6, env.max_obs_len, 6) <= 512 and not r.overflow.any()  # the roomy run holds every turn
     assert t.length.max() <= small
     stopped = t.turns_used < r.turns_used
     assert stopped.any()
     np.testing.assert_array_equal(t.overflow, stopped)
     assert not t.truncated[t.overflow].any()
-    for b in range(4):  # what the tight run holds is exactly the start of the roomy run
+    for b in range(8):  # what the tight run holds is exactly the start of the roomy run
         n = t.length[b]
         np.testing.assert_array_equal(t.tokens[b, :n], r.tokens[b, :n])
         np.testing.assert_array_equal(t.loss_mask[b, :n], r.loss_mask[b, :n])
@@ -394,11 +408,11 @@ def test_overflow_is_flagged_and_corrupts_nothing(tiny_tokenizer):
 def test_bad_inputs_are_refused(tiny_tokenizer):
     env = _env("corridor", tiny_tokenizer)
     policy = steered_policy(env, _fmt(env))
-    tasks = {"seed": jnp.arange(2, dtype=jnp.int32)}
+    tasks = {"seed": np.arange(2, dtype=np.int32)}
     key = jax.random.key(0)
-    with pytest.raises(RolloutError, match=r"in \[1, max_turns=8\]"):
-        rollout(policy, env, tasks, jnp.array([3, 9]), key, _cfg())
-    with pytest.raises(RolloutError, match=r"in \[1, max_turns=8\]"):
+    with pytest.raises(RolloutError, match=r"in \[1, max_turns=6\]"):
+        rollout(policy, env, tasks, jnp.array([3, 7]), key, _cfg())
+    with pytest.raises(RolloutError, match=r"in \[1, max_turns=6\]"):
         rollout(policy, env, tasks, jnp.array([0, 2]), key, _cfg())
     with pytest.raises(RolloutError, match="cannot hold even the smallest budget.*need up to"):
         rollout(policy, env, tasks, jnp.array([4, 4]), key, _cfg(max_len=64))
@@ -449,8 +463,9 @@ def test_error_injection_forces_wrong_actions(tiny_tokenizer):
     env = _env("frozenlake", tiny_tokenizer)
     policy = steered_policy(env, _fmt(env), seed=8, scale=3.0)
     cfg = _cfg(temperature=1.0)
-    tasks = {"seed": jnp.arange(64, dtype=jnp.int32)}
-    caps = jnp.full((64,), 6, jnp.int32)
+    tasks = {"seed": np.arange(64, dtype=np.int32)}
+    caps = np.full((64,), 5, np.int32)  # test_same_key_...'s caps: 6 turns of frozenlake outgrow the buffer
+    assert cfg.max_turns == 6
     inject = Injection.at(cfg.max_turns, turns=[1, 3], prob=0.5)
     keys = jax.random.split(jax.random.key(0), 64)  # a key per row: test_same_key_...'s program
     tr = jax.tree.map(np.asarray, rollout(policy, env, tasks, caps, keys, cfg, inject=inject))
@@ -510,24 +525,34 @@ def test_attention_block_changes_only_the_work(tiny_tokenizer, monkeypatch):
     blocked attention reads: every attention over the cache in the traced rollout gets it, and blocks
     of 16 (a context of several blocks; also through the Python-driven baseline), the default 64 and
     the whole buffer at once (0) give the same greedy trajectories, log-probs within float tolerance;
-    a negative block is refused with the fix."""
-    import dataclasses
+    a negative block is refused with the fix. The default block's program is the file's greedy corridor
+    (test_overflow_is_flagged_and_corrupts_nothing's roomy run)."""
+    from flax import nnx
 
     from bmrl.model import decoder
+    from bmrl.rollout.engine import make_episode
+    from bmrl.rollout.model_policy import ModelPolicy
 
     env = _env("corridor", tiny_tokenizer)
-    policy = steered_policy(env, _fmt(env), seed=2, scale=3.0)
-    tasks, caps, key = {"seed": jnp.arange(4, dtype=jnp.int32)}, jnp.asarray([2, 5, 8, 8], jnp.int32), jax.random.key(3)
+    fmt = _fmt(env)
+    policy = steered_policy(env, fmt, seed=2, scale=3.0)
+    tasks, key = {"seed": np.arange(8, dtype=np.int32)}, jax.random.key(3)
+    caps = jnp.asarray([2, 4, 4, 3, 2, 4, 3, 4], jnp.int32)  # up to 4 turns: few context widths for the baseline
+    graphdef, params = nnx.split(policy)
     runs, seen = {}, []
     real = decoder.attend_cache
     monkeypatch.setattr(decoder, "attend_cache", lambda *a: seen.append(a[5]) or real(*a))
     for block in (16, 64, 0):
-        cfg = dataclasses.replace(_cfg(max_len=256, max_turns=9), attention_block=block)  # a program of its own
+        cfg = dataclasses.replace(_cfg(), attention_block=block)  # a program of its own
+        # A fresh trace of the rollout at this block (lowered, not compiled: the cached program may be traced).
         seen.clear()
-        runs[block] = rollout(policy, env, tasks, caps, key, cfg)
+        make_episode(ModelPolicy(graphdef, fmt, cfg), env, cfg, False, "rollout").lower(
+            params, tasks, caps, key, Injection.none(cfg.max_turns))
         assert seen and set(seen) == {block}, (block, set(seen))
+        runs[block] = rollout(policy, env, tasks, caps, key, cfg)
         if block == 16:  # the Python-driven loop at the same block
             _assert_same(runs[block], python_loop_rollout(policy, env, tasks, caps, key, cfg))
+    assert _cfg().attention_block == 64  # the file's greedy corridor program
     assert int(np.asarray(runs[64].length).max()) > 3 * 16  # the 16-key blocks really loop
     _assert_same(runs[16], runs[64])
     _assert_same(runs[0], runs[64])
@@ -540,13 +565,15 @@ def test_attention_block_changes_only_the_work(tiny_tokenizer, monkeypatch):
     assert RolloutConfig(4, 2, 8).attention_block == BLOCK_SIZE  # the CPU's default, one constant
 
 
+# The compacting rollouts: the file's batch of 8 rows in chunks of 2 (compaction on with the smallest chunks).
+COMPACTING = dict(compact_min_rows=2, compact_steps=4)
+
+
 def test_rollout_program_never_copies_the_kv_cache(tiny_tokenizer):
     """The compiled rollout (compaction on: live rows packed first, a turn played chunk by chunk) holds
     no instruction that copies or transposes a cache-sized array: per-turn prefill, decode and the
     compaction all update the cache in place (XLA copied it whole, twice a turn, when the prefill ran
-    under `lax.cond`)."""
-    import dataclasses
-
+    under `lax.cond`). The program is test_compaction_changes_nothing_but_the_work's compacting one."""
     from flax import nnx
 
     from bmrl.rollout.engine import make_rollout
@@ -555,11 +582,12 @@ def test_rollout_program_never_copies_the_kv_cache(tiny_tokenizer):
     env = _env("corridor", tiny_tokenizer)
     fmt = _fmt(env)
     policy = steered_policy(env, fmt, seed=2, scale=3.0)
-    cfg = dataclasses.replace(_cfg(max_turns=4, max_len=256), compact_min_rows=2)
+    cfg = dataclasses.replace(_cfg(temperature=1.0), **COMPACTING)
     graphdef, params = nnx.split(policy)
     run = make_rollout(graphdef, env, fmt, cfg)
-    batch = 4
-    args = (params, {"seed": jnp.arange(batch, dtype=jnp.int32)}, jnp.full((batch,), 4, jnp.int32),
+    batch = 8
+    assert cfg.compact_chunk(batch) == 2
+    args = (params, {"seed": np.arange(batch, dtype=np.int32)}, np.full((batch,), 4, np.int32),
             jax.random.key(0), Injection.none(cfg.max_turns))
     hlo = run.lower(*args).compile().as_text()
     cache = policy.init_cache(batch, cfg.max_len)[0][0]
@@ -567,43 +595,42 @@ def test_rollout_program_never_copies_the_kv_cache(tiny_tokenizer):
     assert _cache_sized_copies(hlo, cache.size) == []
 
 
-@pytest.mark.parametrize("name", ["corridor"])  # one env: each program is a compile
-def test_compaction_changes_nothing_but_the_work(name, tiny_tokenizer):
-    """Finished rows leave the batch (live rows packed first, turns played in chunks of 4 rows while a
+def test_compaction_changes_nothing_but_the_work(tiny_tokenizer):
+    """Finished rows leave the batch (live rows packed first, turns played in chunks of 2 rows while a
     chunk holds a live row, the KV cache staying in place) and every row's trajectory, sampled at
     temperature 1 with its own key, is the one it has in the full batch: same tokens, same order."""
-    import dataclasses
-
-    env = _env(name, tiny_tokenizer)
+    env = _env("corridor", tiny_tokenizer)
     policy = steered_policy(env, _fmt(env), seed=2, scale=3.0)
     cfg = _cfg(temperature=1.0)
-    caps = jnp.asarray(np.tile([1, 2, 3, 8, 4, 8, 6, 5], 2), jnp.int32)  # rows finish at every turn
-    tasks = {"seed": jnp.arange(16, dtype=jnp.int32) * 7}
+    caps = jnp.asarray([1, 2, 3, 6, 4, 6, 6, 5], jnp.int32)  # rows finish at every turn
+    tasks = {"seed": np.arange(8, dtype=np.int32) * 7}
     key = jax.random.key(11)
-    assert cfg.compact_chunk(16) == 16  # the default's 16-row chunks: the whole batch (the program of the tests above)
+    # The default's 16-row chunks: the whole batch (test_rollout_equals_python_loop[corridor-sampled]'s program).
+    assert cfg.compact_chunk(8) == 8
     full = rollout(policy, env, tasks, caps, key, cfg)
-    compacting = dataclasses.replace(cfg, compact_min_rows=4)
-    assert compacting.compact_chunk(16) == 4
+    compacting = dataclasses.replace(cfg, **COMPACTING)
+    assert compacting.compact_chunk(8) == 2
     _assert_same(full, rollout(policy, env, tasks, caps, key, compacting))
     used = np.asarray(full.turns_used)
     assert used.min() < used.max()  # rows really finished at different turns
 
 
-@pytest.mark.parametrize("name", ["sokoban", "toolchain", "keypad"])  # frozenlake's grid state is sokoban's kind
-def test_compaction_gathers_every_env_state(name, tiny_tokenizer):
+@pytest.mark.parametrize("name, temperature", [("sokoban", 0.0), ("toolchain", 1.0), ("keypad", 1.0)],
+                         ids=["sokoban", "toolchain", "keypad"])  # frozenlake's grid state is sokoban's kind
+def test_compaction_gathers_every_env_state(name, temperature, tiny_tokenizer):
     """Each kind of environment state (a grid, a tool chain, a code: pytrees of their own shapes) is gathered
-    when the batch compacts (4 rows in chunks of 2, the smallest program that compacts): every row's sampled
-    trajectory is the one it has in the full batch (keypad's replies mostly fail to parse here, see
-    above: its state is gathered all the same)."""
-    import dataclasses
-
+    when the batch compacts (8 rows in chunks of 2): every row's trajectory (sokoban greedy, the others
+    sampled) is the one it has in the full batch, whose program is the env's in
+    test_rollout_equals_python_loop (keypad's replies mostly fail to parse here, see above: its state is
+    gathered all the same)."""
     env = _env(name, tiny_tokenizer)
     policy = steered_policy(env, _fmt(env), seed=2, scale=3.0)
-    cfg = _cfg(max_turns=4, max_len=512, temperature=1.0)
-    compacting = dataclasses.replace(cfg, compact_min_rows=2, compact_steps=2)
-    caps, tasks, key = jnp.asarray([1, 4, 2, 4], jnp.int32), {"seed": jnp.arange(4, dtype=jnp.int32) * 5}, jax.random.key(7)
-    full = rollout(policy, env, tasks, caps, key, dataclasses.replace(cfg, compact_min_rows=0))
-    assert compacting.compact_chunk(4) == 2
+    cfg = _cfg(temperature=temperature)
+    compacting = dataclasses.replace(cfg, **COMPACTING)
+    caps, key = jnp.asarray([1, 6, 2, 6, 3, 5, 6, 4], jnp.int32), jax.random.key(7)
+    tasks = {"seed": np.arange(8, dtype=np.int32) * 5}
+    full = rollout(policy, env, tasks, caps, key, cfg)
+    assert cfg.compact_chunk(8) == 8 and compacting.compact_chunk(8) == 2
     _assert_same(full, rollout(policy, env, tasks, caps, key, compacting))
     assert (np.asarray(full.turns_used) <= np.asarray(caps)).all() and int(np.asarray(full.turns_used).max()) > 1
 
