@@ -224,27 +224,30 @@ def _following_history(tokenizer, fmt: Format, system: str, merge: bool) -> Form
     out = dataclasses.replace(fmt, history_cut=encode(tokenizer, THINK_CLOSE), history_strip=tuple(sorted(newlines)),
                               notes=fmt.notes + (_FOLLOWED,))
     for reply in (_think_reply(_REPLY1), _think_reply(_REPLY1, "\n\n"), "bmrlnothinkzq"):
-        turns = [_OBS1, reply, _OBS2]
-        want = encode(tokenizer, _render(tokenizer, _messages(system, turns, merge), True))
-        got = _stream(out, tokenizer, turns)
-        if not np.array_equal(want, got):
+        differ = _differs(tokenizer, out, system, merge, [_OBS1, reply, _OBS2])
+        if differ:
             raise HistoryError(
                 "The chat template rewrites earlier replies in a way the rollout cannot follow in tokens (after "
-                f"the last {THINK_CLOSE}, newlines stripped): template {want.tolist()} vs rollout {got.tolist()} "
+                f"the last {THINK_CLOSE}, newlines stripped): template {differ[0]} vs rollout {differ[1]} "
                 f"for the reply {reply!r}. Set format.history: whole."
             )
     return out
 
 
-def _verify(tokenizer, fmt: Format, system: str, merge: bool) -> None:
-    """The fragments around tokenized contents must equal the template's tokens of a whole conversation."""
-    turns = [_OBS1, _REPLY1, _OBS2]
+def _differs(tokenizer, fmt: Format, system: str, merge: bool, turns: list[str]) -> tuple[list, list] | None:
+    """(the template's tokens, the rollout's) of the probe conversation `turns` where they differ, else None."""
     want = encode(tokenizer, _render(tokenizer, _messages(system, turns, merge), True))
     got = _stream(fmt, tokenizer, turns)
-    if not np.array_equal(want, got):
+    return None if np.array_equal(want, got) else (want.tolist(), got.tolist())
+
+
+def _verify(tokenizer, fmt: Format, system: str, merge: bool) -> None:
+    """The fragments around tokenized contents must equal the template's tokens of a whole conversation."""
+    differ = _differs(tokenizer, fmt, system, merge, [_OBS1, _REPLY1, _OBS2])
+    if differ:
         raise ChatFormatError(
             "The chat template's pieces do not tokenize like the whole conversation (a fragment boundary "
-            f"splits a pre-token): template {want.tolist()} vs fragments {got.tolist()}."
+            f"splits a pre-token): template {differ[0]} vs fragments {differ[1]}."
         )
 
 
