@@ -5,9 +5,10 @@ real ids and its chat template (`tests.chat_helpers.real_vocab_tokenizer`). Noth
 
     path = write_model_dir("qwen2_5_0_5b_sokoban.yaml", tmp / "model", layers=2)   # a cut: 2 of 24 layers
 
-A cut keeps every width and the vocabulary and drops layers (`layers=None`: the full depth). Shared by the
-suite (tests/e2e/test_real_shapes.py, tests/test_plan.py) and bench/real_shapes.py, which puts the repository
-root on sys.path to import it.
+A cut keeps every width and the vocabulary and drops layers (`layers=None`: the full depth). `shrink(name)`: the
+overrides that shrink a config's run to 2 steps of one group of 2 rows, one turn and a buffer that holds its prompt
+and one reply, and nothing about the model. Shared by the suite (tests/e2e/test_real_shapes.py, tests/test_plan.py)
+and bench/real_shapes.py, which puts the repository root on sys.path to import it.
 """
 
 from __future__ import annotations
@@ -56,6 +57,24 @@ TOKENIZERS = {
                                        ("<end_of_turn>", 106), ("<image_soft_token>", 262144)),
                     (("bos_token", "<bos>"), ("eos_token", "<eos>"), ("pad_token", "<pad>"))),
 }
+
+
+# rollout.max_len: one turn of each config's env and format with its model's tokenizer, rounded up from what `bmrl
+# train`'s buffer check asks for (the prompt, the longest first observation and a reply: 205, 273, 481, 157 and 476
+# tokens in this order).
+BUFFER = {"qwen2_5_0_5b_sokoban.yaml": 224, "qwen3_0_6b_sokoban.yaml": 320, "qwen_tools.yaml": 640,
+          "llama3_2_1b_toolchain.yaml": 160, "gemma3_1b_tools.yaml": 704}
+# 2 rows (one task's group of 2), one turn, 2 steps; the evaluation on one task at T=1 at the start and the end; a
+# checkpoint at step 2. Nothing about the model.
+SHRINK = ["train.steps=2", "train.tasks_per_step=1", "train.group_size=2", "train.minibatches=1",
+          "budget.budgets=[1]", "rollout.max_turns=1", "eval.ts=[1]", "eval.ks=[1]", "eval.attempts=1",
+          "eval.num_tasks=1", "eval.bootstrap=0", "eval.probe_states=0", "checkpoint.every=2", "data.train_size=8",
+          "data.val_size=4", "data.test_size=4"]
+
+
+def shrink(name: str) -> list[str]:
+    """The overrides that shrink config `name`'s run (`SHRINK` and its `BUFFER`): rows, turns, steps, buffer."""
+    return [f"rollout.max_len={BUFFER[name]}", *SHRINK]
 
 
 def config_json(name: str, layers: int | None = None) -> dict:

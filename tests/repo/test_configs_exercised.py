@@ -16,6 +16,7 @@ RUN_BY = {
     "python_env.yaml": "tests/e2e/test_python_env.py",  # bmrl train, 1 step
     "gym_frozenlake.yaml": "tests/e2e/test_python_env.py",  # bmrl train, 1 step
     "qwen2_5_0_5b_sokoban.yaml": "tests/e2e/test_real_shapes.py",  # bmrl train, 2 steps, a 2-layer cut
+    "llama3_2_1b_toolchain.yaml": "tests/e2e/test_real_shapes.py",  # bmrl train, LoRA rank 16, 2 steps, 1 layer
 }
 NOT_RUN = {
     "reproduce_cpu.yaml": "the study itself (about 2,600 s of CPU); its pipeline runs from quickstart.yaml "
@@ -28,13 +29,12 @@ NOT_RUN = {
     "sweep_budgets.yaml": "six corridor_tiny RL runs from an SFT base (12-15 min); tests/test_sweep.py loads and "
                           "validates each run it names, and runs the sweep command on tiny configs",
     "qwen_tools.yaml": "Qwen2.5-0.5B as qwen2_5_0_5b_sokoban.yaml (run at a cut by tests/e2e/test_real_shapes.py); "
-                       "at full depth with its tool env in bench/real_shapes.py (docs/benchmarks.md)",
+                       "with its tool env and 256-token replies (120 CPU s per step at 10 of 24 layers) in "
+                       "bench/real_shapes.py (docs/benchmarks.md)",
     "qwen3_0_6b_sokoban.yaml": "a 151,936-token head costs about 10 s per step on 2 cores even at a cut; run at its "
                                "real shapes by bench/real_shapes.py (docs/benchmarks.md)",
-    "llama3_2_1b_toolchain.yaml": "a 128,256 x 2,048 head costs more per step than the suite's budget allows; run "
-                                  "at its real widths by bench/real_shapes.py (docs/benchmarks.md)",
-    "gemma3_1b_tools.yaml": "a 262,144-token head costs more per step than the suite's budget allows; run at its "
-                            "real widths by bench/real_shapes.py (docs/benchmarks.md)",
+    "gemma3_1b_tools.yaml": "a 262,144-token head and 256-token replies cost 178 CPU s per step even at one layer; run "
+                            "at its real widths by bench/real_shapes.py (docs/benchmarks.md)",
 }
 
 
