@@ -133,15 +133,18 @@ class Loop:
         return state
 
     def run(self, state: TrainState, step: Callable[[TrainState], tuple[TrainState, Any]],
-            after: Callable[[TrainState, Any], dict]) -> TrainState:
+            after: Callable[[TrainState, Any], dict], report: Callable[[TrainState], Any] | None = None) -> TrainState:
         """Steps until `schedule.steps`: `step`, then `after` (returns the progress bar's figures), then a
-        checkpoint when due, then progress (`on_step` hears it after the step's checkpoint)."""
+        checkpoint when due, then progress (`on_step` hears it after the step's checkpoint), then `report(state)`
+        (a log line that reads the progress, e.g. `bmrl reproduce`'s stage ETA)."""
         while state.step < self.schedule.steps:
             state, metrics = step(state)
             figures = after(state, metrics)
             if self.schedule.saves(state.step, time.time() - self.saved_at):
                 self.save(state)
             self.bar.update(**figures)
+            if report is not None:
+                report(state)
         return state
 
     def save(self, state: TrainState) -> None:

@@ -136,14 +136,14 @@ def _fit(cfg: Config, run: Run, policy, demos_at: Callable, log: Callable,
     """`sft.steps` optimizer steps on fresh demonstrations, in the one training loop (`bmrl.loop`: its resume,
     checkpoints and LoRA split). Metrics go to sft_metrics.jsonl at log steps (a tenth of the steps), where a
     checkpoint is saved once `sft.checkpoint_minutes` passed since the last (a save costs seconds, a step far
-    less); `on_step(steps done, steps)` hears the progress every tenth of the steps. A killed run resumes from
+    less); `on_step(steps done, steps)` hears the progress at log steps. A killed run resumes from
     the newest checkpoint, bitwise as if uninterrupted. Returns (the trained policy, every step's loss, the
     last logged row)."""
     s = cfg.sft
     tx = optimizer_from_config(s.optim, s.steps)
     schedule = Schedule(s.steps, minutes=s.checkpoint_minutes, log_every=max(1, s.steps // 10),
                         metrics="sft_metrics.jsonl", tensorboard=False)
-    loop = Loop(cfg, policy, tx, schedule, name="sft", log=log, on_step=on_step)
+    loop = Loop(cfg, policy, tx, schedule, name="sft", log=log)  # progress: `report`, at log steps
     learner = loop.learner  # LoRA: the adapters train, the base is a frozen input of the step
     windowed = _windowed(cfg, run)  # each turn its own row, in the contexts a windowed rollout builds
     to_rows = jax.jit(windowed_rows, static_argnums=(1, 2))
@@ -181,13 +181,21 @@ def _fit(cfg: Config, run: Run, policy, demos_at: Callable, log: Callable,
             rec.losses.append(row["loss"])
             loop.logger.write(i, row)
         pending.clear()
-        log(f"sft step {state.step - 1:5d}  loss {rec.last['loss']:.4f}  token acc {rec.last['token_acc']:.3f}  "
-            f"({elapsed:.1f}s)")
         return {"loss": rec.last["loss"]}
+
+    def report(state: TrainState) -> None:
+        """At a log step, after its checkpoint: `on_step` hears the progress, then the step's line (a stage's ETA
+        line, `bmrl reproduce`, reads this step's progress)."""
+        if schedule.logs(state.step):
+            rec = state.record
+            if on_step is not None:
+                on_step(state.step, s.steps)
+            log(f"sft step {state.step - 1:5d}  loss {rec.last['loss']:.4f}  token acc {rec.last['token_acc']:.3f}  "
+                f"({rec.last['time_s']:.1f}s)")
 
     state = loop.start(SFTRecord)
     try:
-        state = loop.run(state, step, after)
+        state = loop.run(state, step, after, report)
     finally:
         loop.close()
     jax.block_until_ready(state.params)
@@ -198,7 +206,7 @@ def run_sft(cfg: Config, *, log: Callable[[str], Any] = print, return_model: boo
             on_step: Callable[[int, int], Any] | None = None) -> dict | tuple[dict, Any]:
     """Train the SFT base policy of `cfg`; write it and its summary under `cfg.out_dir`; return the summary
     (and the trained `Decoder` with `return_model=True`, for callers that go on in-process). `on_step(n,
-    steps)` hears the training progress every tenth of the steps and at the end (`bmrl reproduce`'s stage ETA).
+    steps)` hears the training progress at log steps (a tenth of the steps, and the last) (`bmrl reproduce`'s stage ETA).
 
     Every config problem is raised (as `ConfigError`) before anything is written.
     """
