@@ -17,9 +17,11 @@ cache is exact for the layout of `bmrl.parallel.cache_sharding`. Activations of 
 estimate from the model's shape (what the backward pass keeps per token and layer, attention scores
 included; with `remat` only each layer's input plus one layer's worth), checked against XLA's
 compiled buffer sizes in tests/test_memory.py. The update holds at least its optimizer step's copies
-(`STEP_COPIES`). The peak is params + optimizer state (+ the KL reference's copy of the params in full
-fine-tuning) + max(KV cache of the rollout, the update's max(gradients + activations, step copies)):
-rollout and update alternate.
+(`STEP_COPIES`). Where the matmuls read the parameters in another dtype than they are stored in, both
+the rollout and the update hold a converted copy of them (`compute_copy_bytes`), and a rollout of a
+model with tied embeddings a copy of the head (`head_copy_bytes`). The peak is params + optimizer state
+(+ the KL reference's copy of the params in full fine-tuning) + max(the rollout's KV cache + copies,
+the update's max(gradients + activations + compute copy, step copies)): rollout and update alternate.
 
 With LoRA (`bmrl.model.lora`) the parameters are the frozen base (its dtype) plus the float32 adapters;
 gradients and optimizer state are the adapters' alone, the KL reference is the base itself (no copy),
@@ -43,9 +45,9 @@ from flax import nnx
 from jax.sharding import AbstractMesh, Mesh
 
 from bmrl.config import ConfigError
+from bmrl.machines import GIB
 
 HEADROOM = 0.9  # plan to use at most this fraction of a device (XLA workspace, fragmentation)
-GIB = 2**30
 # The update's optimizer step holds its new params + optimizer state in XLA's temporaries beside the donated
 # inputs (the non-finite and no-signal guard of `bmrl.learn.step.keep_finite` reads all of them before choosing
 # new or old), next to the gradients and activations. Measured (XLA:CPU memory_analysis of the compiled update at
@@ -53,6 +55,9 @@ GIB = 2**30
 # the float32 parameter bytes at 2 / 8 / 32 rows; the plan's max(gradients + activations, STEP_COPIES x (params +
 # optimizer state)) is within -13% to +24% of those.
 STEP_COPIES = 2
+# Which backends compute bfloat16 and float16 dots in float32 (so a converted copy of the parameters is float32
+# there): XLA:CPU. GPU and TPU read them in the compute dtype.
+UPCASTS_NARROW_DOTS = frozenset({"cpu"})
 
 
 class MemoryPlanError(ConfigError):
@@ -208,18 +213,25 @@ class MemoryPlan:
     reference: int = 0  # the KL reference's copy of the params (full fine-tuning with train.kl_coef > 0)
     frozen: int = 0  # of `params`, the frozen base's bytes (LoRA; the rest are the adapters)
     step_copies: int = 0  # the optimizer step's copies of the trainable params + optimizer state (STEP_COPIES)
+    compute_copy: int = 0  # the params as the matmuls read them, in the rollout and the update (compute_copy_bytes)
+    head_copy: int = 0  # a rollout's copy of the tied head (head_copy_bytes)
+
+    @property
+    def rollout(self) -> int:
+        """The rollout's bytes beside the params: its KV cache and its copies of the weights."""
+        return self.kv_cache + self.compute_copy + self.head_copy
 
     @property
     def update(self) -> int:
         """The update's bytes beside the params and optimizer state it is given: the larger of the
-        backward pass's (gradients + activations) and the optimizer step's (`step_copies`)."""
-        return max(self.grads + self.activations, self.step_copies)
+        backward pass's (gradients + activations + the compute copy) and the optimizer step's (`step_copies`)."""
+        return max(self.grads + self.activations + self.compute_copy, self.step_copies)
 
     @property
     def peak(self) -> int:
-        """Params (+ the KL reference) + optimizer state + the larger of the rollout's KV cache and the
+        """Params (+ the KL reference) + optimizer state + the larger of the rollout (`rollout`) and the
         update (`update`)."""
-        return self.params + self.reference + self.opt_state + max(self.kv_cache, self.update)
+        return self.params + self.reference + self.opt_state + max(self.rollout, self.update)
 
     @property
     def usable(self) -> int:
@@ -240,6 +252,9 @@ class MemoryPlan:
             *([f"  KL reference      {gib(self.reference)}  (a copy of the parameters)"] if self.reference else []),
             f"  optimizer state   {gib(self.opt_state)}",
             f"  KV cache (rollout){gib(self.kv_cache)}",
+            *([f"  compute copy      {gib(self.compute_copy)}  (the parameters as the matmuls read them; rollout "
+               "and update)"] if self.compute_copy else []),
+            *([f"  tied head copy    {gib(self.head_copy)}  (rollout)"] if self.head_copy else []),
             f"  gradients         {gib(self.grads)}",
             f"  activations       {gib(self.activations)}  (update, estimated)",
             f"  optimizer step    {gib(self.step_copies)}  ({STEP_COPIES} copies of the trained params + optimizer "
@@ -262,6 +277,10 @@ class MemoryPlan:
         if self.activations >= self.kv_cache:
             fixes.append("recompute decoder layers (train.remat=true), split minibatches into micro-batches "
                          "(raise train.microbatches) or raise train.minibatches")
+        if self.compute_copy >= self.kv_cache and self.compute_copy >= self.grads + self.activations:
+            fixes.append("the parameters' compute copy is the largest part: store them in the compute dtype "
+                         "(model.param_dtype = model.dtype; with train.f32_master=true for bfloat16) or shard them "
+                         "over more devices (raise mesh.fsdp)")
         if self.kv_cache >= self.grads + self.activations:
             fixes.append("shrink the rollout's KV cache: lower train.tasks_per_step x train.group_size, eval.num_tasks "
                          "or rollout.max_len, or spread the batch over more devices (mesh.data / mesh.fsdp)")
@@ -331,6 +350,48 @@ def kv_cache_bytes(mcfg: Any, mesh: Mesh | AbstractMesh | Mapping[str, int], row
     return 2 * mcfg.num_hidden_layers * _device_bytes([cache], [cache_sharding(mesh, mcfg.num_key_value_heads)])
 
 
+def compute_copy_bytes(params: Any, shardings: Any, compute_dtype: Any, backend: str) -> int:
+    """Bytes one device holds of the converted copy of `params` (ShapeDtypeStructs laid out by `shardings`) that
+    XLA keeps while the matmuls read them in `compute_dtype`: the casts are loop-invariant in the rollout (hoisted
+    out of its while loop) and the backward pass of the update keeps what its forward read. A leaf stored in the
+    compute dtype needs no copy, except on a backend that computes narrow dots in float32
+    (`UPCASTS_NARROW_DOTS`, XLA:CPU), where every narrow leaf, or one cast to a narrow compute dtype, is held in
+    float32. Measured on XLA:CPU at Qwen2.5-0.5B widths (docs/benchmarks.md, "Real shapes on CPU"): the LoRA
+    update's temporaries less its gradients and activations are 1.02 / 1.05 / 1.07x the frozen base's float32
+    bytes at 2 / 6 / 12 layers, the rollout's the parameters' float32 bytes plus the tied head. GPU and TPU: a
+    copy in the compute dtype, assumed (not measured)."""
+    compute = jnp.dtype(compute_dtype)
+    upcasts = backend in UPCASTS_NARROW_DOTS
+    total = 0
+    for leaf, sh in zip(jax.tree.leaves(params), jax.tree.leaves(shardings), strict=True):
+        stored = jnp.dtype(leaf.dtype)
+        if not jnp.issubdtype(stored, jnp.floating):
+            continue
+        narrow = min(stored.itemsize, compute.itemsize) < 4
+        if upcasts and narrow:
+            held = jnp.dtype(jnp.float32)
+        elif stored != compute:
+            held = compute
+        else:
+            continue
+        shape = sh.shard_shape(tuple(leaf.shape)) if len(leaf.shape) else ()
+        total += math.prod(shape) * held.itemsize
+    return total
+
+
+def head_copy_bytes(mcfg: Any, params: Any, shardings: Any) -> int:
+    """Bytes one device holds of a rollout's copy of a tied head (the embedding table read as the output
+    projection, in the compute dtype): 0 without tied embeddings. Measured on XLA:CPU: a bfloat16 copy of
+    the [vocab, hidden] table in the rollout's temporaries (0.25 GiB at Qwen2.5's 151,936 x 896)."""
+    if not mcfg.tie_word_embeddings:
+        return 0
+    table = (mcfg.vocab_size, mcfg.hidden_size)
+    for leaf, sh in zip(jax.tree.leaves(params), jax.tree.leaves(shardings), strict=True):
+        if tuple(leaf.shape) == table:
+            return math.prod(sh.shard_shape(table)) * jnp.dtype(mcfg.dtype).itemsize
+    raise ValueError(f"no [vocab, hidden] = {list(table)} embedding among the parameters of a tied model")
+
+
 def _lora_or_none(lora: Any) -> Any:
     return lora if lora is not None and lora.rank else None
 
@@ -349,12 +410,14 @@ def plan_memory(
     kl_reference: bool = False,
     lora: Any = None,
     capacity: tuple[int, str] | None = None,
+    backend: str | None = None,
 ) -> MemoryPlan:
     """The `MemoryPlan` of a decoder `mcfg` (a `ModelConfig`) on `mesh` (a Mesh, an AbstractMesh or
     axis sizes) with `optimizer`: a rollout of `rollout_batch` rows x `max_len` tokens, an update over
     minibatches of `update_rows` rows split into `microbatches`; `kl_reference`: a KL term to the
     starting policy; `lora`: a `bmrl.model.lora.LoRASpec` (rank 0 or None: full fine-tuning);
-    `capacity`: (bytes, source) of one device, default `device_capacity(device_memory_gb)`.
+    `capacity`: (bytes, source) of one device, default `device_capacity(device_memory_gb)`; `backend`:
+    "cpu", "gpu" or "tpu", where it runs (default this process's: it sizes the compute copy).
     Allocates nothing and needs no devices (shapes only)."""
     from bmrl.parallel import BATCH_AXES, param_shardings, state_shardings
 
@@ -362,9 +425,13 @@ def plan_memory(
     lora = _lora_or_none(lora)
     params, trainable, base = _abstract_params(mcfg, lora)
     frozen = 0 if base is None else _device_bytes(base, param_shardings(base, mesh))
+    p_sh = param_shardings(params, mesh)
+    backend = jax.default_backend() if backend is None else backend
+    copy = compute_copy_bytes(params, p_sh, mcfg.dtype, backend)
+    head = head_copy_bytes(mcfg, params, p_sh)
     t_sh = param_shardings(trainable, mesh)
     opt = _abstract_opt_state(optimizer, mcfg, lora)
-    param_bytes = _device_bytes(params, param_shardings(params, mesh))
+    param_bytes = _device_bytes(params, p_sh)
     grads = _device_bytes(trainable, t_sh)
     opt_bytes = _device_bytes(opt, state_shardings(opt, mesh))
     step_copies = STEP_COPIES * (grads + opt_bytes)  # the trained params' bytes are the gradients' (before any accumulator)
@@ -384,7 +451,7 @@ def plan_memory(
     capacity, source = capacity if capacity is not None else device_capacity(device_memory_gb)
     reference = param_bytes if kl_reference and lora is None else 0
     return MemoryPlan(dict(mesh.shape), param_bytes, grads, opt_bytes, kv, acts, capacity, source, tuple(notes),
-                      reference, frozen, step_copies)
+                      reference, frozen, step_copies, copy, head)
 
 
 def lora_activation_bytes(mcfg: Any, lora: Any, rows: int, seq: int, remat: bool = False) -> int:
@@ -443,18 +510,19 @@ def per_turn_samples(cfg: Any) -> bool:
 
 
 def plan_for_axes(cfg: Any, mcfg: Any, mesh: Mesh | AbstractMesh | Mapping[str, int], optimizer: Any, *, lora: Any,
-                  capacity: tuple[int, str]) -> MemoryPlan:
+                  capacity: tuple[int, str], backend: str | None = None) -> MemoryPlan:
     """The plan of a training run from shapes alone (no devices): `cfg` a `bmrl.config.Config`, `mcfg` its
     policy's ModelConfig, `mesh` the axis sizes it runs on, `optimizer` its optimizer, `lora` its
     `LoRASpec` (`bmrl.assembly.lora_spec`; None or rank 0: full fine-tuning), `capacity` (bytes, source)
-    of one device. With LoRA, also plans full fine-tuning of the same config and notes the saving."""
+    of one device, `backend` the kind of device ("cpu", "gpu", "tpu"; default this process's). With LoRA,
+    also plans full fine-tuning of the same config and notes the saving."""
     shapes = RunShapes.of(cfg)
     spec = _lora_or_none(lora)
 
     def plan(spec):
         return plan_memory(mcfg, mesh, optimizer, rollout_batch=shapes.kv_rows, max_len=shapes.max_len,
                            update_rows=shapes.minibatch_rows, microbatches=shapes.microbatches, remat=shapes.remat,
-                           kl_reference=shapes.kl_reference, lora=spec, capacity=capacity)
+                           kl_reference=shapes.kl_reference, lora=spec, capacity=capacity, backend=backend)
 
     out = plan(spec)
     if spec is None:
@@ -480,5 +548,5 @@ def plan_for_config(cfg: Any, mcfg: Any, mesh: Mesh, optimizer: Any, *, lora: An
 
 
 __all__ = ["GIB", "HEADROOM", "STEP_COPIES", "MemoryPlan", "MemoryPlanError", "RunShapes", "abstract_mesh", "activation_bytes",
-           "device_capacity", "kv_cache_bytes", "lora_activation_bytes", "parameter_totals", "plan_for_axes",
+           "compute_copy_bytes", "device_capacity", "head_copy_bytes", "kv_cache_bytes", "lora_activation_bytes", "parameter_totals", "plan_for_axes",
            "per_turn_samples", "plan_for_config", "plan_memory", "remat_layers"]

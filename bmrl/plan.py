@@ -33,95 +33,8 @@ from typing import Any
 
 from bmrl import memory as memory_lib
 from bmrl.config import ConfigError
-from bmrl.memory import GIB, HEADROOM, STEP_COPIES, MemoryPlan, RunShapes
-from bmrl.registry import Registry
-
-GB = 10**9
-
-
-# ---------------------------------------------------------------- hardware
-@dataclasses.dataclass(frozen=True)
-class Hardware:
-    """A machine by name: its devices (what JAX lists: TPU chips, GPUs) and each device's figures."""
-
-    name: str
-    kind: str  # tpu | gpu | cpu
-    devices: int
-    memory: int  # bytes per device, the spec sheet's figure read in its own unit (GB = 1e9 bytes, GiB = 2**30)
-    memory_text: str  # that figure as the spec sheet prints it
-    peak_flops: float  # dense bfloat16 FLOP/s per device
-    bandwidth: float  # HBM bytes/s per device
-    source: str  # where the figures come from
-
-    def line(self) -> str:
-        other = f"{self.memory / GB:.1f} GB" if "GiB" in self.memory_text else f"{self.memory / GIB:.1f} GiB"
-        return (f"{self.name}: {self.devices} device{'s' if self.devices > 1 else ''}, each {self.memory_text} "
-                f"(= {other}), {self.peak_flops / 1e12:g} TFLOP/s bf16, {self.bandwidth / GB:g} GB/s "
-                + ("RAM" if self.kind == "cpu" else "HBM"))
-
-
-_V4 = dict(memory=32 * GIB, memory_text="32 GiB HBM2", peak_flops=275e12, bandwidth=1200e9,
-           source="Google Cloud TPU docs, 'TPU v4' key specifications (per chip)")
-_V5E = dict(memory=16 * GB, memory_text="16 GB HBM2", peak_flops=197e12, bandwidth=819e9,
-            source="Google Cloud TPU docs, 'TPU v5e' key chip specifications")
-_V5P = dict(memory=95 * GB, memory_text="95 GB HBM2e", peak_flops=459e12, bandwidth=2765e9,
-            source="Google Cloud TPU docs, 'TPU v5p' key specifications (per chip)")
-_H100 = dict(memory=80 * GB, memory_text="80 GB HBM3", peak_flops=989.5e12, bandwidth=3.35e12,
-             source="NVIDIA H100 Tensor Core GPU datasheet, SXM5 (bf16 1979 TFLOPS with sparsity: 989.5 dense)")
-_H200 = dict(memory=141 * GB, memory_text="141 GB HBM3e", peak_flops=989.5e12, bandwidth=4.8e12,
-             source="NVIDIA H200 Tensor Core GPU datasheet, SXM (bf16 1979 TFLOPS with sparsity: 989.5 dense)")
-_A100 = dict(memory=80 * GB, memory_text="80 GB HBM2e", peak_flops=312e12, bandwidth=2039e9,
-             source="NVIDIA A100 Tensor Core GPU datasheet, 80GB SXM (bf16 312 TFLOPS dense)")
-
-HARDWARE: Registry[Hardware] = Registry("hardware", {
-    # Cloud TPU v4 ("TPU v4" key specifications): 275 TFLOPs bf16, 32 GiB HBM2, 1200 GBps per chip; v4-8 = 4 chips
-    "tpu-v4-8": Hardware("tpu-v4-8", "tpu", 4, **_V4),
-    # Cloud TPU v5e ("TPU v5e" key chip specifications): 197 TFLOPs bf16, 16 GB, 819 GB/s; v5litepod-8 = 8 chips
-    "tpu-v5e-8": Hardware("tpu-v5e-8", "tpu", 8, **_V5E),
-    # Cloud TPU v5p ("TPU v5p" key specifications): 459 TFLOPs bf16, 95 GB HBM2e, 2765 GBps; v5p-8 = 4 chips
-    "tpu-v5p-8": Hardware("tpu-v5p-8", "tpu", 4, **_V5P),
-    # NVIDIA H100 Tensor Core GPU datasheet, H100 SXM: 80 GB, 3.35 TB/s, bf16 1979 TFLOPS with sparsity (989.5 dense)
-    "h100": Hardware("h100", "gpu", 1, **_H100),
-    "h100x8": Hardware("h100x8", "gpu", 8, **_H100),  # 8 x the same (an HGX/DGX H100 node)
-    # NVIDIA H200 Tensor Core GPU datasheet, H200 SXM: 141 GB, 4.8 TB/s, bf16 1979 TFLOPS with sparsity (989.5 dense)
-    "h200": Hardware("h200", "gpu", 1, **_H200),
-    "h200x8": Hardware("h200x8", "gpu", 8, **_H200),  # 8 x the same (an HGX H200 node)
-    # NVIDIA A100 Tensor Core GPU datasheet, A100 80GB SXM: 80 GB HBM2e, 2039 GB/s, bf16 312 TFLOPS (dense)
-    "a100-80gb": Hardware("a100-80gb", "gpu", 1, **_A100),
-    "a100-80gbx8": Hardware("a100-80gbx8", "gpu", 8, **_A100),  # 8 x the same (an HGX/DGX A100 80GB node)
-    # Measured, not a spec sheet: this project's 2-core AMD EPYC VM under JAX 0.10's CPU backend (one device):
-    # a jitted bf16 2048 x 2048 jnp.dot ran at 150-157 GFLOP/s, a jitted `x + 1` over 1 GiB of float32 moved
-    # 3.8-4.3 GB/s (read + write). The memory is an assumption: set mesh.device_memory_gb to your RAM.
-    "cpu": Hardware("cpu", "cpu", 1, memory=16 * GIB, memory_text="16 GiB RAM, assumed", peak_flops=150e9,
-                    bandwidth=4e9, source="measured on a 2-core AMD EPYC VM (JAX CPU: bf16 matmul 150 GFLOP/s, "
-                                          "copy 4 GB/s); 16 GiB of RAM assumed"),
-})
-
-
-# ---------------------------------------------------------------- assumptions
-@dataclasses.dataclass(frozen=True)
-class Assumptions:
-    """What the time model assumes; each is printed with the plan and may be overridden."""
-
-    mfu: float = 0.3  # achieved / peak FLOP/s of the learner and the prefill (see EXPLAINED)
-    bandwidth_share: float = 0.15  # achieved / spec HBM bandwidth of a decode step
-    kv_fill: float = 0.5  # the share of the context buffer a rollout step attends to, on average
-
-    def __post_init__(self):
-        for name in ("mfu", "bandwidth_share", "kv_fill"):
-            value = getattr(self, name)
-            if not (isinstance(value, (int, float)) and 0 < value <= 1):
-                raise ValueError(f"{name} must be in (0, 1], got {value!r}.")
-
-
-EXPLAINED = {  # where each default of `Assumptions` comes from, printed with every plan
-    "mfu": "learner and prefill FLOP/s over the peak; assumed, never measured at these sizes "
-           "(bench/device.py's target is 40%)",
-    "bandwidth_share": "decode bytes/s over the spec HBM bandwidth; measured on one H200 "
-                       "(docs/benchmarks.md: 20-28% of a 2.7-2.8 TB/s copy = 11-16% of 4.8 TB/s)",
-    "kv_fill": "share of the context buffer a rollout step attends to, on average (the context grows "
-               "from the prompt to the buffer)",
-}
+from bmrl.machines import EXPLAINED, GB, GIB, HARDWARE, Assumptions, Hardware
+from bmrl.memory import HEADROOM, STEP_COPIES, MemoryPlan, RunShapes
 
 
 def size(n: float, capacity: float, width: int = 0) -> str:
@@ -276,8 +189,15 @@ class Plan:
             f"    optimizer step    {gib(m.step_copies)}  (the update's {STEP_COPIES} copies of the trained parameters "
             "+ optimizer state)",
             f"    KV cache          {gib(m.kv_cache)}  (a rollout of {s.kv_rows} rows)",
+            *([f"    compute copy      {gib(m.compute_copy)}  (the parameters as the matmuls read them: "
+               f"{'float32 on XLA:CPU' if hw.kind in memory_lib.UPCASTS_NARROW_DOTS else c.dtype}; rollout and update)"]
+              if m.compute_copy else []),
+            *([f"    tied head copy    {gib(m.head_copy)}  (the rollout's [vocab, hidden] head in {c.dtype})"]
+              if m.head_copy else []),
             f"    peak              {gib(m.peak)}  = parameters + optimizer"
-            + (" + reference" if m.reference else "") + " + max(KV cache, gradients + activations, optimizer step)",
+            + (" + reference" if m.reference else "") + " + max(KV cache"
+            + (" + copies" if m.compute_copy or m.head_copy else "") + ", gradients + activations"
+            + (" + compute copy" if m.compute_copy else "") + ", optimizer step)",
             f"    usable            {gib(self.usable)}  = {HEADROOM:.0%} of {size(m.capacity, m.capacity)} "
             f"({m.capacity_source})",
             ("    FITS" if self.fits else "    DOES NOT FIT") + f": margin {'+' if self.margin >= 0 else '-'}"
@@ -301,7 +221,7 @@ class Plan:
             lines += ["", "  to fit (each knob alone, its smallest value that fits):"]
             lines += [f"    {f.text()}" for f in self.fixes if f.knob != "together"]
             lines += [f"  together: {f.text()}" for f in self.fixes if f.knob == "together"]
-            if m.kv_cache >= m.update:
+            if m.kv_cache >= m.update and m.kv_cache >= m.compute_copy + m.head_copy:
                 lines.append(f"  the rollout's KV cache ({size(m.kv_cache, m.capacity)} for {s.kv_rows} rows) sets "
                              "the peak: lower train.tasks_per_step x train.group_size, eval.num_tasks x "
                              "len(eval.ts) or rollout.max_len, or raise mesh.tensor (it splits the KV heads)")
@@ -318,7 +238,8 @@ class Plan:
                       "lora_rank": self.lora_rank, "param_dtype": self.model.param_dtype, "dtype": self.model.dtype},
             "shapes": dataclasses.asdict(self.shapes), "epochs": self.epochs, "steps": self.steps,
             "memory": {"params": m.params, "reference": m.reference, "opt_state": m.opt_state, "grads": m.grads,
-                       "activations": m.activations, "step_copies": m.step_copies, "kv_cache": m.kv_cache, "peak": m.peak, "capacity": m.capacity,
+                       "activations": m.activations, "step_copies": m.step_copies, "kv_cache": m.kv_cache,
+                       "compute_copy": m.compute_copy, "head_copy": m.head_copy, "peak": m.peak, "capacity": m.capacity,
                        "capacity_source": m.capacity_source, "usable": self.usable, "fits": self.fits,
                        "margin": self.margin, "unit": "bytes per device"},
             "time": {**dataclasses.asdict(self.time), "rollout_s": self.time.rollout_s, "step_s": self.time.step_s},
@@ -389,7 +310,7 @@ def plan(cfg: Any, hardware: Hardware, *, mfu: float = Assumptions.mfu,
                 else (hardware.memory, f"{hardware.name}: {hardware.memory_text}"))
     spec = lora_spec(cfg)
     optimizer = _optimizer(cfg) if optimizer is None else optimizer
-    memory = memory_lib.plan_for_axes(cfg, mcfg, axes, optimizer, lora=spec, capacity=capacity)
+    memory = memory_lib.plan_for_axes(cfg, mcfg, axes, optimizer, lora=spec, capacity=capacity, backend=hardware.kind)
     shapes = RunShapes.of(cfg)
     params, param_bytes = memory_lib.parameter_totals(mcfg, spec)
     base_params = memory_lib.parameter_totals(mcfg)[0]

@@ -5,10 +5,13 @@ then fits; bad input exits 2; the real-model configs' generated notes equal the 
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import math
 import re
+import subprocess
+import sys
 
 import jax
 import pytest
@@ -198,11 +201,17 @@ def test_unknown_hardware_and_bad_configs_exit_2(tmp_path, capsys):
     assert code == 2 and "--config FILE is required" in err
 
 
-def test_help_names_the_registered_hardware_and_default_assumptions():
-    """--help does not import bmrl.plan (jax): its names and defaults are written out, so checked here."""
-    assert plan_command.HARDWARE_NAMES == ", ".join(plan_lib.HARDWARE)
-    assert (plan_command.DEFAULT_MFU, plan_command.DEFAULT_BANDWIDTH_SHARE) == (
-        plan_lib.Assumptions.mfu, plan_lib.Assumptions.bandwidth_share)
+def test_help_names_the_registered_hardware_without_importing_jax():
+    """The command's parser reads `bmrl.machines` (plain data): `bmrl plan --help` lists every registered machine
+    and the default assumptions without importing the planner (jax); each machine has its figures and source."""
+    code = ("import sys, argparse, bmrl.commands.plan as c; p = argparse.ArgumentParser(); "
+            "c.register(p.add_subparsers()); assert 'jax' not in sys.modules, 'jax imported'")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
+    parser = argparse.ArgumentParser()
+    plan_command.register(parser.add_subparsers())
+    text = " ".join(parser._subparsers._group_actions[0].choices["plan"].format_help().split())
+    assert ", ".join(plan_lib.HARDWARE) in text
+    assert f"(default {plan_lib.Assumptions.mfu})" in text and f"(default {plan_lib.Assumptions.bandwidth_share})" in text
     for hw in plan_lib.HARDWARE.values():
         assert hw.source and hw.memory > 0 and hw.peak_flops > 0 and hw.bandwidth > 0, hw
 
@@ -270,12 +279,48 @@ def test_plan_for_many_devices_shards_what_the_rules_shard(model_dirs):
     base = config_lib.load(REPO / "configs" / name, [f"model.path={model_dirs[name]}"])
     mcfg = plan_lib.policy_model_config(base)
     hw = plan_lib.HARDWARE["h100x8"]
-    plain = plan_lib.plan(base, hw, mcfg=mcfg, fixes=False)
+    plain = plan_lib.plan(dataclasses.replace(base, mesh=config_lib.MeshCfg(data=-1)), hw, mcfg=mcfg, fixes=False)
+    assert plain.mesh == {"data": 8, "fsdp": 1, "tensor": 1}
     fsdp = plan_lib.plan(dataclasses.replace(base, mesh=config_lib.MeshCfg(data=1, fsdp=8)), hw, mcfg=mcfg, fixes=False)
     tensor = plan_lib.plan(dataclasses.replace(base, mesh=config_lib.MeshCfg(data=4, tensor=2)), hw, mcfg=mcfg,
                            fixes=False)
     assert fsdp.mesh == {"data": 1, "fsdp": 8, "tensor": 1} and not fsdp.mesh_fallback
     assert fsdp.memory.params < plain.memory.params / 7 and fsdp.memory.opt_state < plain.memory.opt_state / 7
+    assert 0 < fsdp.memory.compute_copy < plain.memory.compute_copy / 7  # the copy is sharded as its parameters
     assert fsdp.memory.kv_cache == plain.memory.kv_cache  # the batch is split 8 ways either way
     assert tensor.memory.kv_cache == plain.memory.kv_cache  # 4 batch ways x 2 ways of KV heads: 8 either way
     assert tensor.time.decode_bytes < plain.time.decode_bytes  # each device reads half the weights
+
+
+def test_compute_copy_follows_the_backend_and_the_dtypes():
+    """The parameters as the matmuls read them: in the compute dtype on GPU and TPU, none when they are stored in
+    it, float32 on XLA:CPU whenever either dtype is narrower (it computes bfloat16 dots in float32); integer leaves
+    never. A tied model's rollout adds its [vocab, hidden] head in the compute dtype; the copy is in the rollout's
+    and the update's bytes."""
+    from bmrl.memory import compute_copy_bytes, plan_memory
+
+    leaves = [jax.ShapeDtypeStruct((64, 32), "float32"), jax.ShapeDtypeStruct((8,), "int32")]
+    mesh = make_mesh(MeshConfig(1, 1, 1), devices=jax.devices()[:1])
+    sh = [jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())] * 2
+    n = 64 * 32
+    assert compute_copy_bytes(leaves, sh, "bfloat16", "tpu") == compute_copy_bytes(leaves, sh, "bfloat16", "gpu") == 2 * n
+    assert compute_copy_bytes(leaves, sh, "bfloat16", "cpu") == 4 * n
+    assert compute_copy_bytes(leaves, sh, "float32", "cpu") == compute_copy_bytes(leaves, sh, "float32", "gpu") == 0
+    bf16 = [jax.ShapeDtypeStruct((64, 32), "bfloat16")]
+    assert compute_copy_bytes(bf16, sh[:1], "bfloat16", "gpu") == 0 and compute_copy_bytes(bf16, sh[:1], "bfloat16", "cpu") == 4 * n
+    mcfg = ModelConfig(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                       num_key_value_heads=1, tie_word_embeddings=True, param_dtype="float32", dtype="bfloat16")
+    from bmrl.learn import make_optimizer
+
+    kw = dict(rollout_batch=2, max_len=16, update_rows=2, device_memory_gb=1.0)
+    tx = make_optimizer(1e-3, total_steps=10)
+    cpu, tpu = (plan_memory(mcfg, mesh, tx, backend=b, **kw) for b in ("cpu", "tpu"))
+    assert cpu.compute_copy == 2 * tpu.compute_copy == 2 * cpu.params // 2 > 0  # float32 params: 4 vs 2 bytes each
+    assert cpu.head_copy == tpu.head_copy == 256 * 32 * 2
+    assert cpu.rollout == cpu.kv_cache + cpu.compute_copy + cpu.head_copy
+    assert cpu.update == max(cpu.grads + cpu.activations + cpu.compute_copy, cpu.step_copies)
+    assert cpu.peak == cpu.params + cpu.opt_state + max(cpu.rollout, cpu.update)
+    untied = dataclasses.replace(mcfg, tie_word_embeddings=False, dtype="float32")
+    plain = plan_memory(untied, mesh, tx, backend="gpu", **kw)
+    assert plain.compute_copy == plain.head_copy == 0 and "compute copy" not in plain.table()
+    assert "compute copy" in cpu.table() and "tied head copy" in cpu.table()

@@ -1,8 +1,9 @@
 """`bmrl plan --config FILE [KEY=VALUE ...] --hardware NAME[,NAME...]`: does a training config fit on that
 hardware, and how long is one RL step?
 
-Prints, per named machine (`bmrl.plan.HARDWARE`), the memory per device by part (parameters, optimizer
-state, gradients, the KL reference's copy, one micro-batch's activations, the rollout's KV cache) against
+Prints, per named machine (`bmrl.machines.HARDWARE`), the memory per device by part (parameters, optimizer
+state, gradients, the KL reference's copy, one micro-batch's activations, the optimizer step's copies, the
+rollout's KV cache, the parameters' compute copy and a tied head's copy) against
 the device's memory, and the seconds of one RL step (rollout decode, prefill, learner) under the printed
 assumptions: --mfu (learner and prefill FLOP/s / peak) and --bandwidth-share (decode's share of the HBM
 bandwidth). When a config does not fit, it names each knob (train.minibatches, train.microbatches,
@@ -27,6 +28,7 @@ import os
 import sys
 
 from bmrl.commands._common import EXIT_CONFIG, ConfigExit, add_config_args, config_exit, load_config
+from bmrl.machines import HARDWARE, Assumptions
 
 EXIT_DOES_NOT_FIT = 1
 
@@ -41,9 +43,6 @@ def _share(text: str) -> float:
     return value
 
 
-# What --help says of bmrl.plan without importing it (tests/test_plan.py checks they agree).
-HARDWARE_NAMES = "tpu-v4-8, tpu-v5e-8, tpu-v5p-8, h100, h100x8, h200, h200x8, a100-80gb, a100-80gbx8, cpu"
-DEFAULT_MFU, DEFAULT_BANDWIDTH_SHARE = 0.3, 0.15
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -55,11 +54,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     add_config_args(p)
     p.add_argument("--hardware", required=True, metavar="NAME[,NAME...]",
-                   help=f"machines to plan for, comma-separated: {HARDWARE_NAMES}")
-    p.add_argument("--mfu", type=_share, default=DEFAULT_MFU,
-                   help=f"learner and prefill FLOP/s as a share of the peak, in (0, 1] (default {DEFAULT_MFU})")
-    p.add_argument("--bandwidth-share", type=_share, default=DEFAULT_BANDWIDTH_SHARE,
-                   help=f"decode's share of the HBM bandwidth, in (0, 1] (default {DEFAULT_BANDWIDTH_SHARE})")
+                   help=f"machines to plan for, comma-separated: {', '.join(HARDWARE)}")
+    p.add_argument("--mfu", type=_share, default=Assumptions.mfu,
+                   help=f"learner and prefill FLOP/s as a share of the peak, in (0, 1] (default {Assumptions.mfu})")
+    p.add_argument("--bandwidth-share", type=_share, default=Assumptions.bandwidth_share,
+                   help=f"decode's share of the HBM bandwidth, in (0, 1] (default {Assumptions.bandwidth_share})")
     p.add_argument("--json", action="store_true", help="print the plans as JSON (bytes and seconds) instead of tables")
     p.add_argument("--write-notes", action="store_true",
                    help="rewrite the generated plan block of the config file (exit 0 once written, fit or not)")
@@ -76,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigExit(EXIT_CONFIG)
     names = [n.strip() for n in args.hardware.split(",") if n.strip()]
     try:
-        machines = [plan_lib.HARDWARE.lookup(n) for n in names or [args.hardware]]
+        machines = [HARDWARE.lookup(n) for n in names or [args.hardware]]
     except UnknownName as err:
         print(f"bmrl plan: {err}", file=sys.stderr)
         raise ConfigExit(EXIT_CONFIG) from None
@@ -94,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
         raise config_exit("plan", err) from None
     fits = all(p.fits for p in plans)
     if args.write_notes:
-        assumptions = plan_lib.Assumptions(args.mfu, args.bandwidth_share)
+        assumptions = Assumptions(args.mfu, args.bandwidth_share)
         block = plan_lib.notes_block(plans, ",".join(names), assumptions)
         with open(args.config, encoding="utf-8") as f:
             text = f.read()

@@ -13,7 +13,7 @@ _spec.loader.exec_module(layering)
 
 # Low to high; a module may import its own layer and those below. The longest matching prefix decides.
 LAYERS = [
-    ("core", ["bmrl", "bmrl.compiles", "bmrl.compile_cache", "bmrl.registry", "bmrl.sampling", "bmrl.parallel", "bmrl.distributed",
+    ("core", ["bmrl", "bmrl.compiles", "bmrl.compile_cache", "bmrl.registry", "bmrl.machines", "bmrl.sampling", "bmrl.parallel", "bmrl.distributed",
               "bmrl.metrics"]),
     ("text, envs, model, data", ["bmrl.model", "bmrl.formats", "bmrl.chat", "bmrl.generate", "bmrl.envs", "bmrl.data",
                                  "bmrl.budget"]),
