@@ -38,6 +38,8 @@ _EXPORTS = {
     "attach_injection": "bmrl.eval.evaluate",
     "injection_at": "bmrl.eval.evaluate",
     "attempt_keys": "bmrl.eval.evaluate",
+    "METRICS": "bmrl.eval.metrics",
+    "Metric": "bmrl.eval.metrics",
     "Episodes": "bmrl.eval.decompose",
     "Decomposition": "bmrl.eval.decompose",
     "decompose_episodes": "bmrl.eval.decompose",

@@ -48,7 +48,10 @@ class Episodes:
 
     Arrays (numpy): action, oracle_action int32[B, Tm]; error, invalid, injected, turn_active
     bool[B, Tm]; progress float32[B, Tm + 1] (index 0 = after reset); success bool[B];
-    first_success_turn, caps, turns_used int32[B].
+    first_success_turn, caps, turns_used int32[B]. The trajectory's other records (`OPTIONAL`: reward
+    float32[B, Tm], format_error bool[B, Tm], terminated, truncated, overflow bool[B]) when it gave them:
+    what an evaluation's metrics read (`bmrl.eval.metrics`); None in saved results (`bmrl.eval.saved`
+    keeps FIELDS) and in episodes made by hand.
     """
 
     action: np.ndarray
@@ -64,15 +67,21 @@ class Episodes:
     turns_used: np.ndarray
     num_tasks: int
     attempts: int
+    reward: np.ndarray | None = None
+    format_error: np.ndarray | None = None
+    terminated: np.ndarray | None = None
+    truncated: np.ndarray | None = None
+    overflow: np.ndarray | None = None
 
     FIELDS = ("action", "oracle_action", "error", "invalid", "injected", "turn_active", "progress",
               "success", "first_success_turn", "caps", "turns_used")
+    OPTIONAL = ("reward", "format_error", "terminated", "truncated", "overflow")
 
     def __post_init__(self) -> None:
         b = self.num_tasks * self.attempts
-        for name in self.FIELDS:
+        for name in self.FIELDS + self.OPTIONAL:
             arr = getattr(self, name)
-            if np.shape(arr)[0] != b:
+            if arr is not None and np.shape(arr)[0] != b:
                 raise ValueError(
                     f"Episodes.{name} has {np.shape(arr)[0]} rows, expected num_tasks * attempts = "
                     f"{self.num_tasks} * {self.attempts} = {b} (row = task * attempts + attempt)."
@@ -83,14 +92,17 @@ class Episodes:
 
     @classmethod
     def from_arrays(cls, arrays: Mapping[str, Any], num_tasks: int, attempts: int) -> "Episodes":
-        """From a Trajectory (or any object/mapping with the fields), converted to numpy."""
-        get = (lambda n: arrays[n]) if isinstance(arrays, Mapping) else (lambda n: getattr(arrays, n))
-        kw = {n: np.asarray(get(n)) for n in cls.FIELDS}
+        """From a Trajectory (or any object/mapping with the fields; of `OPTIONAL`, those it has), converted
+        to numpy."""
+        mapping = isinstance(arrays, Mapping)
+        kw = {n: np.asarray(arrays[n] if mapping else getattr(arrays, n)) for n in cls.FIELDS}
+        more = {n: arrays.get(n) if mapping else getattr(arrays, n, None) for n in cls.OPTIONAL}
+        kw |= {n: np.asarray(v) for n, v in more.items() if v is not None}
         return cls(**kw, num_tasks=int(num_tasks), attempts=int(attempts))
 
     def select(self, rows: np.ndarray, num_tasks: int, attempts: int) -> "Episodes":
         """The episodes of `rows` (in order), regrouped as num_tasks x attempts."""
-        kw = {n: getattr(self, n)[rows] for n in self.FIELDS}
+        kw = {n: None if getattr(self, n) is None else getattr(self, n)[rows] for n in self.FIELDS + self.OPTIONAL}
         return Episodes(**kw, num_tasks=num_tasks, attempts=attempts)
 
     @property

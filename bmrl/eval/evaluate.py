@@ -47,6 +47,7 @@ from flax import nnx
 from bmrl.envs.base import Env
 from bmrl.eval.bootstrap import Interval, SurfaceInterval, bootstrap_mean, mean_interval
 from bmrl.eval.decompose import Decomposition, Episodes, decompose_episodes
+from bmrl.eval.metrics import METRICS
 from bmrl.eval.passkt import pass_at_kt_per_task
 from bmrl.eval.settings import EvalSettings
 from bmrl.eval.streams import STREAMS
@@ -235,7 +236,7 @@ def _turn_logprob(out: Any, n: int, max_turns: int) -> np.ndarray:
     return res[:, :max_turns].astype(np.float32)
 
 
-_FIELDS = Episodes.FIELDS + ("overflow", "truncated", "format_error")
+_FIELDS = Episodes.FIELDS + Episodes.OPTIONAL
 
 
 @dataclasses.dataclass(frozen=True)
@@ -368,7 +369,7 @@ def evaluate(
         warnings.warn(w, stacklevel=2)
 
     episodes = Episodes.from_arrays(big, num_tasks, attempts)
-    metrics = _metrics(big, episodes, boot)
+    metrics = _metrics(episodes, boot)
     return EvalResult(
         env=env.name, mode=mode, ks=ks, ts=ts, attempts=int(attempts), num_tasks=num_tasks,
         show_budget=bool(env.show_budget), tasks={k: np.asarray(v) for k, v in dict(tasks).items()} if isinstance(tasks, dict) else tasks,
@@ -401,26 +402,9 @@ def _surface(per_task: np.ndarray, ks, ts, *, key: int, num_resamples: int, conf
     return SurfaceInterval(est, lo, hi, tuple(ks), tuple(ts), float(confidence), int(num_resamples), per_task.shape[0])
 
 
-def _metrics(big: dict[str, np.ndarray], ep: Episodes, boot: dict) -> dict[str, Interval]:
-    """Trajectory-derived per-task metrics of the cap-max(ts) attempts, with intervals."""
-    acted = ep.per_task(ep.turn_active).sum((1, 2)).astype(float)
-    won = ep.per_task(ep.success)
-    turns_to_success = np.where(won, ep.per_task(ep.first_success_turn), 0).sum(1)
-
-    def ratio(num, den):
-        num, den = np.asarray(num, float), np.asarray(den, float)
-        return np.divide(num, den, out=np.full(num.shape, np.nan), where=den > 0)
-
-    per_task = {
-        "success": won.mean(1),
-        "turns_used": ep.per_task(ep.turns_used).mean(1),
-        "turns_to_success": ratio(turns_to_success, won.sum(1)),
-        "invalid_rate": ratio(ep.per_task(ep.invalid & ep.turn_active).sum((1, 2)), acted),
-        "env_error_rate": ratio(ep.per_task(ep.error & ep.turn_active).sum((1, 2)), acted),
-        "truncated": ep.per_task(big["truncated"]).mean(1),
-        "overflow": ep.per_task(big["overflow"]).mean(1),
-    }
-    return {name: mean_interval(v, key=STREAMS[f"metric_{name}"], **boot) for name, v in per_task.items()}
+def _metrics(ep: Episodes, boot: dict) -> dict[str, Interval]:
+    """Every metric of the table (`bmrl.eval.metrics.METRICS`) of the cap-max(ts) attempts, with its interval."""
+    return {name: mean_interval(m.per_task(ep), key=m.stream, **boot) for name, m in METRICS.items()}
 
 
 def injection_at(max_turns: int, turns: Sequence[int], prob: float) -> Injection:

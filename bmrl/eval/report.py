@@ -26,6 +26,7 @@ from bmrl.eval import audit, markdown, plots
 from bmrl.eval.bootstrap import Interval, SurfaceInterval, describe_estimator, mean_interval, surface_interval
 from bmrl.eval.decompose import decision_accuracy_per_task, recovery_per_task
 from bmrl.eval.evaluate import EvalResult
+from bmrl.eval.metrics import METRICS
 from bmrl.eval.streams import STREAMS
 
 
@@ -91,13 +92,8 @@ def _surface_rows_shown(ts: tuple[int, ...]) -> list[int]:
 
 def _metric_table(result: EvalResult) -> str:
     d = result.decomposition
-    rows = {
-        "success within the largest cap": str(result.metrics["success"]),
-        "turns used": str(result.metrics["turns_used"]),
-        "turns to success (successful attempts)": str(result.metrics["turns_to_success"]),
-        "invalid replies per acted turn": str(result.metrics["invalid_rate"]),
-        "environment errors per acted turn": str(result.metrics["env_error_rate"]),
-        "attempts stopped by the context buffer": str(result.metrics["overflow"]),
+    rows = {m.label: str(result.metrics[name]) for name, m in METRICS.items() if m.label}
+    rows |= {
         "decision accuracy (on-policy)": str(d.decision_accuracy),
         "errors per acted turn": str(d.error_rate),
         "P(success given an error)": f"{d.recovery} ({d.recovery.num_tasks} tasks with an error)",

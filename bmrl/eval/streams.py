@@ -19,13 +19,7 @@ STREAMS: dict[str, int] = {
     "success": 4,
     "first_error_hist": 5,
     "area": 7,  # mean of the surface over the grid (EvalResult.summary)
-    "metric_success": 11,  # EvalResult.metrics, one stream each
-    "metric_turns_used": 12,
-    "metric_turns_to_success": 13,
-    "metric_invalid_rate": 14,
-    "metric_env_error_rate": 15,
-    "metric_truncated": 16,
-    "metric_overflow": 17,
+    # EvalResult.metrics: each metric's stream is in its entry of `bmrl.eval.metrics.METRICS` (11-17 so far)
     "probe_accuracy": 17,
     "recovery_by_turn": 100,  # + the 0-based turn of the first error
     # paired differences of two policies (bmrl.eval.report)

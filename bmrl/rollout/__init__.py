@@ -3,9 +3,10 @@
     traj = rollout(model, env, tasks, caps, key, cfg)          # a language-model policy
     traj = play(oracle_policy, env, tasks, caps, key, max_turns) # a scripted policy
 
-Modules: `types` (RolloutConfig, Trajectory, Injection, caps and keys), `tokens` (buffer writes and
-reply parsing), `policies` (model, scripted and replayed policies behind one interface), `engine`
-(the one loop over turns), `baseline` (the Python-driven loop: benchmark baseline and oracle only).
+Modules: `types` (RolloutConfig, Trajectory, Injection, caps and keys), `records` (the episode records
+every loop over turns fills), `tokens` (buffer writes and reply parsing), `policies` (model, scripted and
+replayed policies behind one interface), `engine` (the one loop over turns), `host` (Python environments
+from the host), `baseline` (the Python-driven loop: benchmark baseline and oracle only).
 """
 
 from bmrl.rollout.engine import (

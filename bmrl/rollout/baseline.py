@@ -24,9 +24,10 @@ import numpy as np
 from flax import nnx
 
 from bmrl import compiles
-from bmrl.envs.base import INVALID, Env
+from bmrl.envs.base import Env
 from bmrl.formats import Format
 from bmrl.rollout.engine import check_config, default_format
+from bmrl.rollout.records import Records, Turn, goes_on, record_turn
 from bmrl.rollout.tokens import parse_replies
 from bmrl.rollout.types import RolloutConfig, Trajectory, TurnSamples, check_caps, per_turn_contexts, row_keys
 from bmrl.sampling import sample
@@ -132,20 +133,8 @@ def python_loop_rollout(
         segs = segments[b] if segs is None else segs
         return _Piece.join([prompt[b]] + (segs if held is None else segs[-held:]))
 
-    out = {
-        "action": np.full((batch, Tm), INVALID, np.int32), "reward": np.zeros((batch, Tm), np.float32),
-        "error": np.zeros((batch, Tm), bool), "invalid": np.zeros((batch, Tm), bool),
-        "format_error": np.zeros((batch, Tm), bool), "injected": np.zeros((batch, Tm), bool),
-        "oracle_action": np.full((batch, Tm), INVALID, np.int32), "progress": np.zeros((batch, Tm + 1), np.float32),
-        "turn_active": np.zeros((batch, Tm), bool),
-    }
-    out["progress"][:, 0] = progress0
+    rec = Records.empty(batch, Tm, progress0, np)
     samples = [[None] * Tm for _ in range(batch)]
-    turns_used = np.zeros(batch, np.int32)
-    success = np.zeros(batch, bool)
-    first = np.zeros(batch, np.int32)
-    terminated = np.zeros(batch, bool)
-    overflow = np.zeros(batch, bool)
     active = np.ones(batch, bool)
     t = 0
     while active.any() and t < Tm:
@@ -172,27 +161,19 @@ def python_loop_rollout(
         new_state, new_obs, reward, term, info = step(step_keys, env_state, jnp.asarray(act), jnp.asarray(caps - (t + 1)))
         sel = jnp.asarray(active)
         env_state = jax.tree.map(lambda a, b: jnp.where(sel.reshape(sel.shape + (1,) * (a.ndim - 1)), a, b), new_state, env_state)
-        reward, term = np.asarray(reward), np.asarray(term)
-        info = jax.tree.map(np.asarray, info)
-        reward = reward + np.where(format_ok, 0.0, cfg.format_reward).astype(np.float32)
-        for name, value in (("action", act), ("reward", reward), ("error", info.error), ("invalid", info.invalid),
-                            ("format_error", ~format_ok),
-                            ("oracle_action", info.oracle_action), ("turn_active", active)):
-            out[name][:, t] = np.where(active, value, out[name][:, t])
-        out["progress"][:, t + 1] = np.where(active, info.progress, out["progress"][:, t])
-        won = active & info.success
-        first = np.where(won & ~success, t + 1, first)
-        success |= won
-        terminated |= active & term
-        turns_used += active
-        nxt = active & ~term & ~won & (t + 1 < caps)
+        term, info = np.asarray(term), jax.tree.map(np.asarray, info)
+        played = Turn(action=act, reward=np.asarray(reward), format_ok=format_ok, error=info.error, invalid=info.invalid,
+                      injected=np.zeros(batch, bool), oracle_action=info.oracle_action, progress=info.progress,
+                      success=info.success, terminated=term, truncated=np.zeros(batch, bool))
+        rec = record_turn(rec, t, active, played, cfg.format_reward)
+        nxt = goes_on(t, active, played, caps)
         obs_tokens, obs_len = np.asarray(new_obs.tokens), np.asarray(new_obs.length)
         for b in np.flatnonzero(nxt):
             chunk = list(fmt.reply_close) + list(fmt.obs_open) + list(obs_tokens[b, : obs_len[b]]) + list(fmt.obs_close)
             n = int(reply_len[b]) - 1  # the reply without its stop token: what the history keeps of it
             kept = segments[b][-1].tail(int(fmt.kept_from(jnp.asarray(reply[b]), n)))
             if len(context(b, segments[b][:-1] + [kept]).tokens) + len(chunk) + R > L:  # the next context and a reply do not fit
-                overflow[b] = True
+                rec = rec.overflowed(np.arange(batch) == b)
                 nxt[b] = False
                 continue
             segments[b][-1] = _Piece.join([kept, _Piece(chunk, [t + 1] * len(chunk), [0.0] * len(chunk),
@@ -200,8 +181,6 @@ def python_loop_rollout(
         active = nxt
         t += 1
 
-    last = np.minimum(np.arange(Tm + 1)[None, :], turns_used[:, None])  # progress carried to the end
-    out["progress"] = np.take_along_axis(out["progress"], last, axis=1)
     final = [context(b, held=None if H is None else H + 1) for b in range(batch)]  # the window and the last reply
 
     def padded(rows, fill, dtype):
@@ -227,11 +206,7 @@ def python_loop_rollout(
         loss_mask=jnp.asarray(padded([p.mask for p in final], 0.0, np.float32)),
         logprobs=jnp.asarray(padded([p.logps for p in final], 0.0, np.float32)),
         turn_of_token=jnp.asarray(padded([p.turn_ids for p in final], -1, np.int32)),
-        **{k: jnp.asarray(v) for k, v in out.items()},
-        caps=jnp.asarray(caps), turns_used=jnp.asarray(turns_used), success=jnp.asarray(success),
-        first_success_turn=jnp.asarray(first), terminated=jnp.asarray(terminated | success),
-        truncated=jnp.asarray(~terminated & ~success & ~overflow & (turns_used >= caps)),
-        overflow=jnp.asarray(overflow), turn_samples=turn_samples,
+        **{k: jnp.asarray(v) for k, v in rec.fields(caps).items()}, turn_samples=turn_samples,
     )
 
 

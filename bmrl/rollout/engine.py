@@ -23,10 +23,11 @@ import numpy as np
 from flax import nnx, struct
 
 from bmrl import compiles
-from bmrl.envs.base import INVALID, Env
+from bmrl.envs.base import Env
 from bmrl.formats import Format
 from bmrl.rollout.model_policy import ModelPolicy
 from bmrl.rollout.policies import ScriptedPolicy, as_policy
+from bmrl.rollout.records import Records, Turn, goes_on, record_turn
 from bmrl.rollout.tokens import select, take
 from bmrl.rollout.types import (
     ENV_STREAM,
@@ -43,30 +44,15 @@ from bmrl.rollout.types import (
 
 
 @struct.dataclass
-class Turns:
-    """Per-turn records of a batch. B = batch, Tm = max turns."""
+class Seen:
+    """The observation each row saw before each turn (when recorded). B = batch, Tm = max turns."""
 
-    action: jax.Array  # int32[B, Tm]
-    reward: jax.Array  # float32[B, Tm]
-    error: jax.Array  # bool[B, Tm]
-    invalid: jax.Array  # bool[B, Tm]
-    format_error: jax.Array  # bool[B, Tm]
-    injected: jax.Array  # bool[B, Tm]
-    oracle_action: jax.Array  # int32[B, Tm]
-    turn_active: jax.Array  # bool[B, Tm]
-    progress: jax.Array  # float32[B, Tm + 1]
-    obs_tokens: jax.Array  # int32[B, Tm, O] (O = 0 unless observations are recorded)
-    obs_len: jax.Array  # int32[B, Tm]
+    tokens: jax.Array  # int32[B, Tm, O] (O = 0 unless observations are recorded)
+    length: jax.Array  # int32[B, Tm]
 
     @classmethod
-    def empty(cls, batch: int, max_turns: int, progress0: jax.Array, obs_width: int) -> "Turns":
-        none = jnp.full((batch, max_turns), INVALID, jnp.int32)
-        false = jnp.zeros((batch, max_turns), bool)
-        progress = jnp.zeros((batch, max_turns + 1), jnp.float32).at[:, 0].set(progress0)
-        return cls(action=none, reward=jnp.zeros((batch, max_turns), jnp.float32), error=false, invalid=false,
-                   format_error=false, injected=false, oracle_action=none, turn_active=false, progress=progress,
-                   obs_tokens=jnp.zeros((batch, max_turns, obs_width), jnp.int32),
-                   obs_len=jnp.zeros((batch, max_turns), jnp.int32))
+    def empty(cls, batch: int, max_turns: int, width: int) -> "Seen":
+        return cls(tokens=jnp.zeros((batch, max_turns, width), jnp.int32), length=jnp.zeros((batch, max_turns), jnp.int32))
 
 
 @struct.dataclass
@@ -81,12 +67,8 @@ class Carry:
     obs: Any  # the observation the rows see before turn t
     policy_state: Any
     active: jax.Array  # bool[B]
-    turns: Turns
-    turns_used: jax.Array  # int32[B]
-    success: jax.Array  # bool[B]
-    first_success_turn: jax.Array  # int32[B]: 1-based; 0 = never
-    terminated: jax.Array  # bool[B]
-    overflow: jax.Array  # bool[B]
+    records: Records  # the per-turn and per-episode records (`bmrl.rollout.records`)
+    seen: Seen
 
 
 def inject_errors(env: Env, inject: Injection, step_keys, env_state, action, active, t):
@@ -101,30 +83,12 @@ def inject_errors(env: Env, inject: Injection, step_keys, env_state, action, act
     return jnp.where(injected, wrong, action), injected
 
 
-def record_turn(c: Carry, t, active, action, format_ok, injected, reward, info, format_reward: float) -> Turns:
-    """Write turn t's records for active rows; inactive rows keep their fill (progress carried)."""
-    r = c.turns
-
-    def put(arr, value):
-        return arr.at[:, t].set(jnp.where(active, value, arr[:, t]))
-
-    return r.replace(
-        action=put(r.action, action),
-        reward=put(r.reward, reward.astype(jnp.float32) + jnp.where(format_ok, 0.0, format_reward)),
-        error=put(r.error, info.error), invalid=put(r.invalid, info.invalid),
-        format_error=put(r.format_error, ~format_ok), injected=put(r.injected, injected),
-        oracle_action=put(r.oracle_action, info.oracle_action.astype(jnp.int32)),
-        turn_active=put(r.turn_active, active),
-        progress=r.progress.at[:, t + 1].set(jnp.where(active, info.progress.astype(jnp.float32), r.progress[:, t])),
-    )
-
-
-def _record_obs(turns: Turns, t, obs, active) -> Turns:
-    if turns.obs_tokens.shape[-1] == 0:
-        return turns
-    return turns.replace(
-        obs_tokens=turns.obs_tokens.at[:, t].set(jnp.where(active[:, None], obs.tokens, 0)),
-        obs_len=turns.obs_len.at[:, t].set(jnp.where(active, obs.length, 0)),
+def _record_obs(seen: Seen, t, obs, active) -> Seen:
+    if seen.tokens.shape[-1] == 0:
+        return seen
+    return seen.replace(
+        tokens=seen.tokens.at[:, t].set(jnp.where(active[:, None], obs.tokens, 0)),
+        length=seen.length.at[:, t].set(jnp.where(active, obs.length, 0)),
     )
 
 
@@ -141,26 +105,26 @@ def make_episode(policy: Any, env: Env, cfg: RolloutConfig, record_obs: bool = F
     @jax.named_scope("turn")
     def turn(c: Carry, bound, inject) -> Carry:
         t, active = c.t, c.active
-        turns = _record_obs(c.turns, t, c.obs, active)
+        seen = _record_obs(c.seen, t, c.obs, active)
         pstate, action, format_ok = bound.act(c.policy_state, env, c.env_state, t, active)
         step_keys = jax.vmap(lambda k: jax.random.fold_in(k, t + 1))(c.env_keys)
         action, injected = inject_errors(env, inject, step_keys, c.env_state, action, active, t)
         with jax.named_scope("env_step"):
             new_state, new_obs, reward, term, info = jax.vmap(env.step)(step_keys, c.env_state, action, c.caps - (t + 1))
-        c = c.replace(turns=turns, policy_state=pstate)
+        played = Turn(action=action, reward=reward.astype(jnp.float32), format_ok=format_ok, error=info.error,
+                      invalid=info.invalid, injected=injected, oracle_action=info.oracle_action.astype(jnp.int32),
+                      progress=info.progress.astype(jnp.float32), success=info.success, terminated=term,
+                      truncated=jnp.zeros_like(term))
         with jax.named_scope("record"):
-            turns = record_turn(c, t, active, action, format_ok, injected, reward, info, cfg.format_reward)
-        won = active & info.success
-        nxt = active & ~term & ~won & (t + 1 < c.caps)
+            records = record_turn(c.records, t, active, played, cfg.format_reward)
+        nxt = goes_on(t, active, played, c.caps)
         if hasattr(bound, "after_step"):  # policies that remember the last step (e.g. RepairingOracle)
             pstate = bound.after_step(pstate, action, info, active)
         obs = select(active, new_obs, c.obs)
         pstate, fits = bound.observe(pstate, env, obs, t, nxt)
         return c.replace(
             t=t + 1, env_state=select(active, new_state, c.env_state), obs=obs, policy_state=pstate,
-            active=nxt & fits, turns=turns, turns_used=c.turns_used + active.astype(jnp.int32),
-            success=c.success | won, first_success_turn=jnp.where(won & ~c.success, t + 1, c.first_success_turn),
-            terminated=c.terminated | (active & term), overflow=c.overflow | (nxt & ~fits),
+            active=nxt & fits, records=records.overflowed(nxt & ~fits), seen=seen,
         )
 
     def run(params, tasks, caps, key, inject):
@@ -170,30 +134,17 @@ def make_episode(policy: Any, env: Env, cfg: RolloutConfig, record_obs: bool = F
         keys = row_keys(key, batch)
         env_keys = stream(keys, ENV_STREAM)
         env_state, obs = jax.vmap(env.reset)(env_keys, tasks, caps)
-        zeros, false = jnp.zeros((batch,), jnp.int32), jnp.zeros((batch,), bool)
         carry = Carry(
             t=jnp.int32(0), row=jnp.arange(batch, dtype=jnp.int32), caps=caps, env_keys=env_keys,
             env_state=env_state, obs=obs, policy_state=bound.start(env, obs, keys),
-            active=jnp.ones((batch,), bool),
-            turns=Turns.empty(batch, Tm, jax.vmap(env.progress)(env_state), env.max_obs_len if record_obs else 0),
-            turns_used=zeros, success=false, first_success_turn=zeros, terminated=false, overflow=false,
+            active=jnp.ones((batch,), bool), records=Records.empty(batch, Tm, jax.vmap(env.progress)(env_state)),
+            seen=Seen.empty(batch, Tm, env.max_obs_len if record_obs else 0),
         )
         chunk = cfg.compact_chunk(batch) if getattr(policy, "compactable", False) else batch
         c = play_compacting(carry, lambda c: turn(c, bound, inject), chunk, Tm, getattr(bound, "strip", None),
                             getattr(bound, "take_rows", take), getattr(bound, "put_rows", None))
-        r = c.turns
-        # Progress after the last turn is carried to the end, however early the row finished.
-        last = jnp.minimum(jnp.arange(Tm + 1)[None, :], c.turns_used[:, None])
-        r = r.replace(progress=jnp.take_along_axis(r.progress, last, axis=1))
-        return Trajectory(
-            **bound.outputs(c.policy_state),
-            action=r.action, reward=r.reward, error=r.error, invalid=r.invalid, format_error=r.format_error,
-            injected=r.injected, oracle_action=r.oracle_action, progress=r.progress, turn_active=r.turn_active,
-            caps=caps, turns_used=c.turns_used, success=c.success, first_success_turn=c.first_success_turn,
-            terminated=c.terminated | c.success,
-            truncated=~c.terminated & ~c.success & ~c.overflow & (c.turns_used >= caps),
-            overflow=c.overflow, observations=(r.obs_tokens, r.obs_len) if record_obs else None,
-        )
+        return Trajectory(**bound.outputs(c.policy_state), **c.records.fields(caps),
+                          observations=(c.seen.tokens, c.seen.length) if record_obs else None)
 
     run.__name__ = run.__qualname__ = name  # XLA names the program after it: jit(rollout), jit(eval_rollout)
     return compiles.counted_jit(run, name=name)
@@ -348,5 +299,5 @@ def play(
     return run(params, tasks, jnp.asarray(caps, jnp.int32), key, inject)
 
 
-__all__ = ["Carry", "ScriptedPolicy", "Turns", "check_config", "default_format", "episode_program",
-           "inject_errors", "make_episode", "make_rollout", "play", "record_turn", "rollout"]
+__all__ = ["Carry", "ScriptedPolicy", "Seen", "check_config", "default_format", "episode_program",
+           "inject_errors", "make_episode", "make_rollout", "play", "rollout"]

@@ -44,6 +44,7 @@ from bmrl.envs.python.protocol import Fault, Stepper, StepResult, action_index, 
 from bmrl.envs.text import INVALID, Observation, encode
 from bmrl.formats import Format
 from bmrl.rollout.model_policy import ModelPolicy
+from bmrl.rollout.records import Records, Turn, goes_on, record_turn
 from bmrl.rollout.types import (
     ENV_STREAM,
     RolloutConfig,
@@ -250,25 +251,30 @@ def _pipelined(policy, envs, tokenizer, caps, keys, cfg, fmt, tasks, hcfg, group
 def _play(policy, envs, tokenizer, caps, keys, cfg, fmt, tasks, hcfg, script) -> HostRollout:
     """The host loop over one batch (module docstring); `keys`: one per row."""
     batch, Tm = caps.shape[0], cfg.max_turns
+    caps = caps.astype(np.int32)
     model = _Model(policy, fmt, cfg, hcfg) if policy is not None else None
     seeds = [key_seed(k) for k in stream(keys, ENV_STREAM)]
     stepper = Stepper(min(hcfg.workers, batch), hcfg.step_timeout_s)
-    rec = _Records(batch, Tm, caps)
+    faults: list[Fault] = []
+    observations: list[list[list[int]]] = [[] for _ in range(batch)]
     try:
         first = stepper.run({b: (lambda b=b: envs[b].reset(seed=seeds[b], options=tasks[b])) for b in range(batch)},
                             -1, is_reset=True)
         infos = [first[b].info for b in range(batch)]
         obs_toks = [encode(tokenizer, first[b].obs) for b in range(batch)]
+        rec = Records.empty(batch, Tm, np.array([_progress(first[b].info, 0.0) for b in range(batch)]), np)
+        active = np.array([first[b].fault is None for b in range(batch)])  # no first observation: the row cannot play
         for b in range(batch):
-            rec.reset(b, first[b], obs_toks[b])
+            observations[b].append(obs_toks[b])
+            if first[b].fault is not None:
+                faults.append(first[b].fault)
         if model is not None:
-            model.start(obs_toks, keys, rec)
+            too_long = model.start(obs_toks, keys)  # cannot play: overflow, no turn
+            rec, active = rec.overflowed(too_long), active & ~too_long
         for t in range(Tm):
-            active = rec.active.copy()
             if script is not None:
                 chosen = script.act(t, [int(b) for b in np.flatnonzero(active)], infos)
-                active &= np.array([chosen.get(b) is not None for b in range(batch)])
-                rec.active = active
+                active = active & np.array([chosen.get(b) is not None for b in range(batch)])
             if not active.any():
                 break
             if model is None:
@@ -278,19 +284,52 @@ def _play(policy, envs, tokenizer, caps, keys, cfg, fmt, tasks, hcfg, script) ->
             else:
                 texts, ok = model.force(t, active, chosen, tokenizer)
             results = stepper.run({b: (lambda b=b, a=a: envs[b].step(a)) for b, a in texts.items()}, t)
-            nxt = np.zeros((batch,), bool)
-            obs_toks = [[] for _ in range(batch)]
-            for b, text in texts.items():
+            for b in texts:
                 infos[b] = results[b].info
-                nxt[b] = rec.turn(b, t, results[b], envs[b], text, bool(ok[b]), cfg.format_reward, hcfg)
-                if nxt[b]:
-                    obs_toks[b] = encode(tokenizer, results[b].obs)
-                    rec.observations[b].append(obs_toks[b])
-            rec.active = model.observe(t, nxt, obs_toks, rec) if model is not None else nxt
+            played, ended = _turn(rec, t, results, envs, texts, ok, hcfg)
+            faults += [results[b].fault for b in texts if results[b].fault is not None]
+            rec = record_turn(rec, t, active, played, cfg.format_reward)
+            nxt = goes_on(t, active, played, caps) & ~ended
+            obs_toks = [[] for _ in range(batch)]
+            for b in np.flatnonzero(nxt):
+                obs_toks[b] = encode(tokenizer, results[b].obs)
+                observations[b].append(obs_toks[b])
+            if model is not None:
+                stopped, nxt = model.observe(t, nxt, obs_toks)
+                rec = rec.overflowed(stopped)
+            active = nxt
         out = model.outputs() if model is not None else _no_tokens(batch)
     finally:
         stepper.close()
-    return HostRollout(rec.trajectory(out, caps), rec.faults, rec.observations)
+    return HostRollout(Trajectory(**out, **{k: jnp.asarray(v) for k, v in rec.fields(caps).items()}), faults,
+                       observations)
+
+
+def _turn(rec: Records, t: int, results: dict[int, StepResult], envs: Sequence[Any], texts: dict[int, str],
+          ok: np.ndarray, hcfg: HostConfig) -> tuple[Turn, np.ndarray]:
+    """What turn t gave the rows that played it (`texts`), read from their environments' step results
+    and infos, and the rows a fault ends (`hcfg.on_fault == "end"`)."""
+    batch = rec.action.shape[0]
+    action, oracle = np.full((batch,), INVALID, np.int32), np.full((batch,), INVALID, np.int32)
+    reward, progress = np.zeros((batch,), np.float64), np.zeros((batch,), np.float64)
+    error, invalid, success, terminated, truncated, ended = (np.zeros((batch,), bool) for _ in range(6))
+    format_ok = np.asarray(ok, bool)
+    for b, text in texts.items():
+        r, info, env = results[b], results[b].info, envs[b]
+        action[b] = action_index(env, text) if format_ok[b] else INVALID
+        reward[b] = r.reward
+        has_list = bool(getattr(env, "action_strings", None))
+        invalid[b] = bool(info.get("invalid", has_list and action[b] == INVALID))
+        error[b] = bool(info.get("error", False)) or r.fault is not None
+        oracle[b] = action_index(env, info.get("oracle_action"))
+        progress[b] = _progress(info, rec.progress[b, t])
+        success[b] = bool(info.get("success", False)) and r.fault is None
+        terminated[b], truncated[b] = r.terminated, r.truncated
+        ended[b] = r.fault is not None and hcfg.on_fault == "end"
+    played = Turn(action=action, reward=reward, format_ok=format_ok, error=error, invalid=invalid,
+                  injected=np.zeros((batch,), bool), oracle_action=oracle, progress=progress, success=success,
+                  terminated=terminated, truncated=truncated)
+    return played, ended
 
 
 class _Model:
@@ -304,12 +343,12 @@ class _Model:
         self.first_widths = _widths(hcfg, cfg, fmt.first_chunk_len(0))
         self.state = None
 
-    def start(self, obs_toks: list[list[int]], keys: jax.Array, rec: "_Records") -> None:
-        too_long = np.array([len(x) > self.first_widths[-1] for x in obs_toks])  # cannot play: overflow, no turn
-        rec.overflow |= too_long
-        rec.active &= ~too_long
+    def start(self, obs_toks: list[list[int]], keys: jax.Array) -> np.ndarray:
+        """Prefill the prompts and first observations; returns the rows whose first observation is too long."""
+        too_long = np.array([len(x) > self.first_widths[-1] for x in obs_toks])
         tok, lens = _pad_obs(obs_toks, self.first_widths, self.fmt.pad_id)
         self.state = self.prog["start"](self.params, jnp.asarray(tok), jnp.asarray(lens), keys)
+        return too_long
 
     def _answers(self, out, active: np.ndarray, tokenizer) -> tuple[dict[int, str], np.ndarray]:
         self.state, answer, answer_len, ok = out
@@ -339,17 +378,17 @@ class _Model:
                                  jnp.asarray(active))
         return self._answers(out, active, tokenizer)
 
-    def observe(self, t: int, nxt: np.ndarray, obs_toks: list[list[int]], rec: "_Records") -> np.ndarray:
-        """Prefill the next observations of the rows going on; returns the rows that still fit."""
+    def observe(self, t: int, nxt: np.ndarray, obs_toks: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+        """Prefill the next observations of the rows going on; returns (the rows stopped by the buffer, the
+        rows that still fit)."""
         too_long = np.array([len(x) > self.widths[-1] for x in obs_toks])
-        rec.overflow |= nxt & too_long
+        stopped = nxt & too_long
         nxt = nxt & ~too_long
         tok, lens = _pad_obs(obs_toks, self.widths, self.fmt.pad_id)
         self.state, fits = self.prog["observe"](self.params, self.state, jnp.asarray(tok), jnp.asarray(lens),
                                                 jnp.int32(t), jnp.asarray(nxt))
         fits = np.asarray(fits)
-        rec.overflow |= nxt & ~fits
-        return nxt & fits
+        return stopped | (nxt & ~fits), nxt & fits
 
     def outputs(self) -> dict:
         return self.prog["outputs"](self.params, self.state)
@@ -360,74 +399,6 @@ def _no_tokens(batch: int) -> dict[str, jax.Array]:
     return dict(tokens=jnp.zeros((batch, 0), jnp.int32), length=jnp.zeros((batch,), jnp.int32),
                 loss_mask=jnp.zeros((batch, 0), jnp.float32), logprobs=jnp.zeros((batch, 0), jnp.float32),
                 turn_of_token=jnp.zeros((batch, 0), jnp.int32))
-
-
-class _Records:
-    """Host-side per-row records of a batch (numpy), laid out as the engine's `Turns` and flags."""
-
-    def __init__(self, batch: int, max_turns: int, caps: np.ndarray):
-        none = np.full((batch, max_turns), INVALID, np.int32)
-        false = np.zeros((batch, max_turns), bool)
-        self.caps, self.Tm = caps.astype(np.int32), max_turns
-        self.action, self.oracle_action = none.copy(), none.copy()
-        self.reward = np.zeros((batch, max_turns), np.float32)
-        self.error, self.invalid, self.format_error, self.turn_active = false.copy(), false.copy(), false.copy(), false.copy()
-        self.progress = np.zeros((batch, max_turns + 1), np.float32)
-        self.turns_used = np.zeros((batch,), np.int32)
-        self.first_success_turn = np.zeros((batch,), np.int32)
-        self.success, self.terminated, self.env_truncated, self.overflow = (np.zeros((batch,), bool) for _ in range(4))
-        self.active = np.ones((batch,), bool)
-        self.faults: list[Fault] = []
-        self.observations: list[list[list[int]]] = [[] for _ in range(batch)]
-
-    def reset(self, b: int, r: StepResult, obs_tokens: list[int]) -> None:
-        self.progress[b, 0] = _progress(r.info, 0.0)
-        self.observations[b].append(obs_tokens)
-        if r.fault is not None:  # no first observation: the row cannot play
-            self.faults.append(r.fault)
-            self.active[b] = False
-
-    def turn(self, b: int, t: int, r: StepResult, env: Any, text: str, format_ok: bool, format_reward: float,
-             hcfg: HostConfig) -> bool:
-        """Record row b's turn t; returns whether the row goes on."""
-        info = r.info
-        act = action_index(env, text) if format_ok else INVALID
-        self.action[b, t] = act
-        self.reward[b, t] = r.reward + (0.0 if format_ok else format_reward)
-        has_list = bool(getattr(env, "action_strings", None))
-        self.invalid[b, t] = bool(info.get("invalid", has_list and act == INVALID))
-        self.error[b, t] = bool(info.get("error", False)) or r.fault is not None
-        self.format_error[b, t] = not format_ok
-        self.oracle_action[b, t] = action_index(env, info.get("oracle_action"))
-        self.turn_active[b, t] = True
-        self.progress[b, t + 1] = _progress(info, self.progress[b, t])
-        self.turns_used[b] += 1
-        won = bool(info.get("success", False)) and r.fault is None
-        if won and not self.success[b]:
-            self.first_success_turn[b] = t + 1
-        self.success[b] |= won
-        self.terminated[b] |= r.terminated
-        self.env_truncated[b] |= r.truncated
-        if r.fault is not None:
-            self.faults.append(r.fault)
-            if hcfg.on_fault == "end":
-                return False
-        return not (r.terminated or r.truncated or won) and t + 1 < self.caps[b]
-
-    def trajectory(self, out: dict, caps: np.ndarray) -> Trajectory:
-        last = np.minimum(np.arange(self.Tm + 1)[None, :], self.turns_used[:, None])
-        progress = np.take_along_axis(self.progress, last, axis=1)
-        done = self.terminated | self.success
-        truncated = ~done & ~self.overflow & ((self.turns_used >= caps) | self.env_truncated)
-        j = jnp.asarray
-        return Trajectory(
-            **out, action=j(self.action), reward=j(self.reward), error=j(self.error), invalid=j(self.invalid),
-            format_error=j(self.format_error), injected=j(np.zeros_like(self.error)),
-            oracle_action=j(self.oracle_action), progress=j(progress), turn_active=j(self.turn_active),
-            caps=j(self.caps), turns_used=j(self.turns_used), success=j(self.success),
-            first_success_turn=j(self.first_success_turn), terminated=j(done), truncated=j(truncated),
-            overflow=j(self.overflow),
-        )
 
 
 def _progress(info: dict, default: float) -> float:
