@@ -4,6 +4,7 @@ Update paths are checked on a tiny decoder and a synthetic Trajectory against in
 computations; the loop is run for a few steps on a tiny corridor config.
 """
 
+import functools
 import json
 import os
 
@@ -36,36 +37,54 @@ def train_cfg(**kw):
     return config_lib.TrainCfg(**base)
 
 
-def fake_traj(seed=0, logprobs=None):
-    """A synthetic batch: random tokens, a prompt of 3 tokens, then policy tokens (mask 1) up to length."""
+def fake_traj(seed=0, logprobs=None, rows=B, width=L):
+    """A synthetic batch: random tokens, a prompt of 3 tokens, then policy tokens (mask 1) up to length.
+    `rows` x `width` tokens (B x L unless asked: tests/test_memory.py runs one of its compiled shapes)."""
     rng = np.random.default_rng(seed)
-    tokens = rng.integers(4, V, size=(B, L)).astype(np.int32)
-    length = rng.integers(6, L + 1, size=B).astype(np.int32)
-    pos = np.arange(L)[None, :]
-    loss_mask = ((pos >= 3) & (pos < length[:, None]) & (rng.random((B, L)) < 0.8)).astype(np.float32)
+    tokens = rng.integers(4, V, size=(rows, width)).astype(np.int32)
+    length = rng.integers(6, width + 1, size=rows).astype(np.int32)
+    pos = np.arange(width)[None, :]
+    loss_mask = ((pos >= 3) & (pos < length[:, None]) & (rng.random((rows, width)) < 0.8)).astype(np.float32)
     tokens = np.where(pos < length[:, None], tokens, 0)
     turn = np.where(pos < 3, -1, np.minimum((pos - 3) // 3, TM - 1))
     turn = np.where(pos < length[:, None], turn, -1).astype(np.int32)
-    reward = np.zeros((B, TM), np.float32)
-    reward[:, -1] = rng.integers(0, 2, size=B)
-    progress = np.cumsum(rng.random((B, TM + 1)) * 0.3, axis=1).astype(np.float32)
-    f = lambda x: jnp.asarray(x)  # noqa: E731
-    zb = jnp.zeros((B, TM), bool)
+    reward = np.zeros((rows, TM), np.float32)
+    reward[:, -1] = rng.integers(0, 2, size=rows)
+    progress = np.cumsum(rng.random((rows, TM + 1)) * 0.3, axis=1).astype(np.float32)
+    # Every field built in numpy and transferred: jnp.zeros / jnp.full, and jnp.asarray of a numpy array (its
+    # "stage"), would each compile a one-op program per shape.
+    f = host
+    zb = lambda shape: f(np.zeros(shape, bool))  # noqa: E731
+    zi = lambda shape: f(np.zeros(shape, np.int32))  # noqa: E731
     return Trajectory(
         tokens=f(tokens), length=f(length), loss_mask=f(loss_mask),
-        logprobs=f(np.zeros((B, L), np.float32) if logprobs is None else logprobs), turn_of_token=f(turn),
-        action=jnp.zeros((B, TM), jnp.int32), reward=f(reward), error=zb, invalid=zb, format_error=zb, injected=zb,
-        oracle_action=jnp.zeros((B, TM), jnp.int32), progress=f(progress), turn_active=jnp.ones((B, TM), bool),
-        caps=jnp.full((B,), TM, jnp.int32), turns_used=jnp.full((B,), TM, jnp.int32),
-        success=f(reward[:, -1] > 0), first_success_turn=jnp.zeros((B,), jnp.int32),
-        terminated=jnp.zeros((B,), bool), truncated=jnp.zeros((B,), bool), overflow=jnp.zeros((B,), bool),
+        logprobs=f(np.zeros((rows, width), np.float32) if logprobs is None else logprobs), turn_of_token=f(turn),
+        action=zi((rows, TM)), reward=f(reward), error=zb((rows, TM)), invalid=zb((rows, TM)),
+        format_error=zb((rows, TM)), injected=zb((rows, TM)), oracle_action=zi((rows, TM)), progress=f(progress),
+        turn_active=f(np.ones((rows, TM), bool)),
+        caps=f(np.full((rows,), TM, np.int32)), turns_used=f(np.full((rows,), TM, np.int32)),
+        success=f(reward[:, -1] > 0), first_success_turn=zi((rows,)),
+        terminated=zb((rows,)), truncated=zb((rows,)), overflow=zb((rows,)),
     )
+
+
+def host(x):
+    """A device array of the numpy value `x`, transferred (`jnp.asarray` compiles a program per shape to stage
+    it)."""
+    return jax.device_put(np.asarray(x))
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _logits(graphdef, state, tokens, mask):
+    """The model's plain forward behind one jit (eager NNX compiles a program per op): one program per model
+    graph and shape, shared by every test of the module."""
+    return nnx.merge(graphdef, state)(tokens, attention_mask=mask)
 
 
 def reference_logp(model, tokens, length, temperature=1.0):
     """Independent per-token log-probs: a plain forward, log_softmax(logits / T), gathered by hand."""
     mask = np.arange(L)[None, :] < np.asarray(length)[:, None]
-    logits = np.asarray(model(tokens, attention_mask=jnp.asarray(mask)), np.float64) / temperature
+    logits = np.asarray(_logits(*nnx.split(model), tokens, mask), np.float64) / temperature
     logits = logits - logits.max(-1, keepdims=True)
     logp_all = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
     out = np.zeros((B, L))
@@ -79,7 +98,7 @@ def reference_logp(model, tokens, length, temperature=1.0):
 def on_policy_traj(model, seed=0, temperature=1.0):
     tr = fake_traj(seed)
     lp = reference_logp(model, tr.tokens, tr.length, temperature)
-    return tr.replace(logprobs=jnp.asarray(lp * np.asarray(tr.loss_mask), jnp.float32))
+    return tr.replace(logprobs=host((lp * np.asarray(tr.loss_mask)).astype(np.float32)))
 
 
 def run_update(model, tr, cfg, lr=0.1, ref=None, temperature=1.0, key=0):
@@ -96,6 +115,20 @@ def flat(state):
 
 
 # ------------------------------------------------------------------------------- the update
+@functools.partial(jax.jit, static_argnums=0)
+def _pg_grad(graphdef, params, tokens, length, adv, mask, temperature):
+    """The gradient of the plain policy-gradient objective -sum(A * logp) / n (log_softmax(logits / T) by
+    hand), the temperature data: one program for every temperature."""
+
+    def objective(p):
+        logits = nnx.merge(graphdef, p)(tokens, attention_mask=jnp.arange(L)[None] < length[:, None])
+        logp_all = jax.nn.log_softmax(logits / temperature, -1)[:, :-1]
+        logp = jnp.take_along_axis(logp_all, tokens[:, 1:, None], -1)[..., 0]
+        return -jnp.sum(adv[:, None] * logp * mask[:, 1:]) / mask.sum()
+
+    return jax.grad(objective)(params)
+
+
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_on_policy_update_is_plain_policy_gradient_step(temperature):
     """One epoch, one minibatch, logp_old == logp_new: the update is SGD on -sum(A * logp)/n, computed
@@ -108,17 +141,10 @@ def test_on_policy_update_is_plain_policy_gradient_step(temperature):
     r = np.asarray(tr.outcome_reward).reshape(-1, 4)
     adv = ((r - r.mean(1, keepdims=True)) / (r.std(1, keepdims=True) + 1e-6)).reshape(-1)
     mask = np.asarray(tr.loss_mask)
-    graphdef = nnx.graphdef(model)
-
-    def objective(p):
-        logits = nnx.merge(graphdef, p)(tr.tokens, attention_mask=jnp.arange(L)[None] < tr.length[:, None])
-        logp_all = jax.nn.log_softmax(logits / temperature, -1)[:, :-1]
-        logp = jnp.take_along_axis(logp_all, tr.tokens[:, 1:, None], -1)[..., 0]
-        return -jnp.sum(adv[:, None] * logp * mask[:, 1:]) / mask.sum()
-
-    grads = jax.grad(objective)(params)
-    expected = jax.tree.map(lambda p, g: p - 0.1 * g, params, grads)
-    np.testing.assert_allclose(flat(new), flat(expected), rtol=2e-5, atol=2e-6)
+    grads = _pg_grad(nnx.graphdef(model), params, tr.tokens, tr.length, adv.astype(np.float32), mask,
+                     np.float32(temperature))
+    expected = flat(params) - np.float32(0.1) * flat(grads)  # one SGD step, leaf by leaf in flat's order
+    np.testing.assert_allclose(flat(new), expected, rtol=2e-5, atol=2e-6)
     assert abs(m["loss"] + float(np.sum(adv[:, None] * mask) / mask.sum())) < 1e-5  # -A * ratio, ratio = 1
     assert m["clip_fraction"] == 0.0 and abs(m["ratio_mean"] - 1.0) < 1e-5
     assert m["skipped_updates"] == 0 and m["grad_norm"] > 0
@@ -155,8 +181,8 @@ def test_loss_mask_respected():
     mask = np.asarray(tr.loss_mask) > 0
     pad = np.arange(L)[None, :] >= np.asarray(tr.length)[:, None]
     noisy = tr.replace(
-        logprobs=jnp.where(mask, tr.logprobs, jnp.nan),
-        tokens=jnp.where(jnp.asarray(pad), 7, tr.tokens),
+        logprobs=host(np.where(mask, np.asarray(tr.logprobs), np.float32(np.nan))),
+        tokens=host(np.where(pad, np.int32(7), np.asarray(tr.tokens))),
     )
     _, other, _, m, _ = run_update(model, noisy, cfg)
     np.testing.assert_array_equal(flat(base), flat(other))
@@ -166,15 +192,20 @@ def test_loss_mask_respected():
 def test_advantage_registry_and_process_advantages():
     from bmrl.learn import process_advantages, rloo_advantages
 
+    def advantages(cfg):  # jitted, as the update computes them (eagerly each op would be its own program)
+        return np.asarray(jax.jit(functools.partial(step_lib.compute_advantages, cfg=cfg))(tr))
+
     tr = fake_traj(3)
     mask = np.asarray(tr.loss_mask)
     r = np.asarray(tr.outcome_reward)
-    got = np.asarray(step_lib.compute_advantages(tr, train_cfg(advantage="rloo")))
-    np.testing.assert_allclose(got, np.asarray(rloo_advantages(jnp.asarray(r), 4))[:, None] * mask, atol=1e-6)
-    got = np.asarray(step_lib.compute_advantages(tr, train_cfg(advantage="reinforce")))
+    got = advantages(train_cfg(advantage="rloo"))
+    rloo = jax.jit(rloo_advantages, static_argnums=1)(r, 4)
+    np.testing.assert_allclose(got, np.asarray(rloo)[:, None] * mask, atol=1e-6)
+    got = advantages(train_cfg(advantage="reinforce"))
     np.testing.assert_allclose(got, (r - r.mean())[:, None] * mask, atol=1e-6)
-    got = np.asarray(step_lib.compute_advantages(tr, train_cfg(advantage="reinforce", process_coef=0.5, gamma=0.9)))
-    proc = np.asarray(process_advantages(tr.progress, tr.turn_active, tr.turn_of_token, tr.loss_mask, gamma=0.9))
+    got = advantages(train_cfg(advantage="reinforce", process_coef=0.5, gamma=0.9))
+    proc = np.asarray(jax.jit(functools.partial(process_advantages, gamma=0.9))(
+        tr.progress, tr.turn_active, tr.turn_of_token, tr.loss_mask))
     np.testing.assert_allclose(got, (r - r.mean())[:, None] * mask + 0.5 * proc, atol=1e-6)
     assert np.abs(proc).sum() > 0
 
@@ -197,8 +228,9 @@ def test_kl_to_identical_reference_is_zero_and_entropy_bonus_changes_the_step():
 def test_nonfinite_update_is_skipped_and_counted():
     model = tiny_model()
     tr = on_policy_traj(model)
-    bad = tr.replace(logprobs=tr.logprobs.at[0, 5].set(jnp.nan))
-    bad = bad.replace(loss_mask=bad.loss_mask.at[0, 5].set(1.0))
+    logprobs, loss_mask = np.array(tr.logprobs), np.array(tr.loss_mask)
+    logprobs[0, 5], loss_mask[0, 5] = np.nan, 1.0
+    bad = tr.replace(logprobs=host(logprobs), loss_mask=host(loss_mask))
     params, new, s, m, _ = run_update(model, bad, train_cfg(epochs=2))
     np.testing.assert_array_equal(flat(new), flat(params))
     assert m["skipped_updates"] == 2 and m["consecutive_skips"] == 2 and m["skipped_total"] == 2
@@ -210,33 +242,36 @@ def test_adam_keeps_moving_the_weights_on_zero_gradients():
     plain AdamW steps on a zero gradient by lr * m_hat / sqrt(v_hat), independent of the last gradient's size."""
     lr, b1, b2 = 1e-2, 0.9, 0.999
     tx = make_optimizer(lr, total_steps=100, schedule="constant", b1=b1, b2=b2, max_grad_norm=None)
-    params = {"w": jnp.ones((3,))}
+    params = {"w": np.ones(3, np.float32)}
     state = tx.init(params)
-    u, state = tx.update({"w": jnp.array([1.0, -2.0, 0.5])}, state, params)
-    params = optax.apply_updates(params, u)
+    tx_update, apply_updates = jax.jit(tx.update), jax.jit(optax.apply_updates)  # one program each, 21 steps
+    u, state = tx_update({"w": np.array([1.0, -2.0, 0.5], np.float32)}, state, params)
+    params = apply_updates(params, u)
     for k in range(1, 21):
-        u, state = tx.update({"w": jnp.zeros(3)}, state, params)
+        u, state = tx_update({"w": np.zeros(3, np.float32)}, state, params)
         m_hat = b1 ** k * (1 - b1) / (1 - b1 ** (k + 1))
         v_hat = b2 ** k * (1 - b2) / (1 - b2 ** (k + 1))
         np.testing.assert_allclose(np.asarray(u["w"]), -lr * m_hat / np.sqrt(v_hat) * np.array([1, -1, 1]), rtol=1e-4)
-        params = optax.apply_updates(params, u)
+        params = apply_updates(params, u)
     # 20 empty steps moved each weight by 4.4 real steps' worth (lr each), all in the last real step's direction.
     assert 4.3 * lr < float(params["w"][0] - 1.0) * -1 - lr < 4.5 * lr
 
 
 def test_batch_without_signal_changes_nothing():
     """Every group's rewards equal (so every advantage 0), several steps in a row, right after a real step
-    (Adam's moments non-zero): parameters and optimizer state stay bitwise as they were, and it is counted."""
+    (Adam's moments non-zero): parameters and optimizer state stay bitwise as they were, and it is counted.
+    The update of test_update_compiles_once_and_donates below (optimizer, config, donation): one program."""
     model = tiny_model()
     graphdef, params = nnx.split(model)
-    tx = make_optimizer(1e-2, total_steps=10)
+    tx = make_optimizer(1e-3, total_steps=10)
     opt_state = step_lib.init_opt_state(tx, params)
-    update = step_lib.make_update(graphdef, tx, train_cfg(epochs=2, minibatches=2), 1.0, donate=False)
-    tr = on_policy_traj(model)
+    update = step_lib.make_update(graphdef, tx, train_cfg(epochs=2, minibatches=2), 1.0)
+    tr = on_policy_traj(model)  # before the model's buffers are donated
     params, opt_state, m = update(params, opt_state, None, tr, jax.random.key(0))
     assert m["no_signal_updates"] == 0 and m["groups_with_signal"] == 1
-    reward = jnp.zeros_like(tr.reward).at[:4, -1].set(1.0)  # group 0 all succeed, group 1 all fail
-    dead = tr.replace(reward=reward, success=reward[:, -1] > 0)
+    reward = np.zeros(tr.reward.shape, np.float32)
+    reward[:4, -1] = 1.0  # group 0 all succeed, group 1 all fail
+    dead = tr.replace(reward=host(reward), success=host(reward[:, -1] > 0))
     before = flat((params, opt_state))
     for i in range(3):
         params, opt_state, m = update(params, opt_state, None, dead, jax.random.key(i + 1))
@@ -330,22 +365,25 @@ def test_select_groups_keeps_groups_with_signal_first():
     """Dynamic sampling: of 2 groups of 4 keep 1; the group whose rewards differ wins wherever it is."""
     from bmrl.train import select_groups
 
+    select_groups = jax.jit(select_groups, static_argnames=("group_size", "keep"))  # jitted, as the loop runs it
     tr = fake_traj(0)
     for signal_group in (0, 1):
         r = np.zeros((B, TM), np.float32)
         r[signal_group * 4, -1] = 1.0  # one success in that group; the other group all 0
-        t = tr.replace(reward=jnp.asarray(r))
+        t = tr.replace(reward=host(r))
         got = select_groups(t, group_size=4, keep=1)
         np.testing.assert_array_equal(np.asarray(got.tokens), np.asarray(tr.tokens)[signal_group * 4:(signal_group + 1) * 4])
         assert np.asarray(got.outcome_reward).tolist() == [1.0, 0.0, 0.0, 0.0]
-    both = select_groups(tr.replace(reward=jnp.zeros((B, TM))), group_size=4, keep=2)  # none: stream order
+    both = select_groups(tr.replace(reward=host(np.zeros((B, TM), np.float32))), group_size=4,
+                         keep=2)  # none: stream order
     np.testing.assert_array_equal(np.asarray(both.tokens), np.asarray(tr.tokens))
 
 
 def test_planted_dead_run_is_flagged_in_log_metrics_and_summary(tmp_path, monkeypatch, capsys):
     """Every reward the update sees is 0 (a run whose rollouts all fail): after train.dead_after
     steps in a row the run says it is dead on stderr, in metrics.jsonl and in summary.json, and its
-    parameters stop changing (no update is taken without signal). Dynamic sampling plays 3 tasks a step."""
+    parameters stop changing (no update is taken without signal). Dynamic sampling plays 3 tasks a step.
+    8 steps, as the non-finite run below: the same optimizer schedule, so the two runs share one update program."""
     from bmrl.train import train
 
     real = step_lib.make_update
@@ -361,18 +399,18 @@ def test_planted_dead_run_is_flagged_in_log_metrics_and_summary(tmp_path, monkey
         return run
 
     monkeypatch.setattr(step_lib, "make_update", poisoned)
-    cfg = tiny_cfg(tmp_path, train={"steps": 5, "minibatches": 1, "dead_after": 3, "oversample": 1},
+    cfg = tiny_cfg(tmp_path, train={"steps": 8, "minibatches": 1, "dead_after": 3, "oversample": 1},
                    checkpoint={"every": 5, "keep": 1}, eval={"every": 0})
     summary = train(cfg, progress=False, evaluate=False)
     err = capsys.readouterr().err
-    assert "the run has lost its signal: dead since step 1" in err and "finished 5 steps as a dead run" in err
+    assert "the run has lost its signal: dead since step 1" in err and "finished 8 steps as a dead run" in err
     h = summary["health"]
     assert h["dead"] and h["still_at_end"] and [(f["kind"], f["step"]) for f in h["flags"]] == [("no_signal", 1)]
     assert json.loads((tmp_path / "summary.json").read_text())["health"] == h
     records = [json.loads(line) for line in open(tmp_path / "metrics.jsonl") if "health/dead" in line]
-    assert [r["health/dead"] for r in records] == [0, 0, 1, 1, 1]
-    assert [r["train/no_signal_updates"] for r in records] == [1, 1, 1, 1, 1]
-    assert [r["data_position"] for r in records] == [3, 6, 9, 12, 15]  # tasks_per_step 2 + oversample 1
+    assert [r["health/dead"] for r in records] == [0, 0, 1, 1, 1, 1, 1, 1]
+    assert [r["train/no_signal_updates"] for r in records] == [1] * 8
+    assert [r["data_position"] for r in records] == [3 * s for s in range(1, 9)]  # tasks_per_step 2 + oversample 1
 
 
 def test_nonfinite_run_stops_with_message_and_clean_checkpoints(tmp_path, monkeypatch, capsys):

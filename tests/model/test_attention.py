@@ -39,7 +39,32 @@ def any_model(request, model):
 
 
 def _tokens(shape, seed=0):
-    return jnp.asarray(np.random.RandomState(seed).randint(0, VOCAB, shape), jnp.int32)
+    return jax.device_put(_np_tokens(shape, seed))
+
+
+def _i32(x):
+    """int32 numpy (passed to a jitted function as it is: `jnp.asarray` would compile a program to stage it)."""
+    return np.asarray(x, np.int32)
+
+
+def _np_tokens(shape, seed=0):
+    """The tokens of `_tokens`, in numpy: slices and gathers of them stay on the host (each eager jax op on
+    a device array is a program of its own)."""
+    return np.random.RandomState(seed).randint(0, VOCAB, shape).astype(np.int32)
+
+
+# The attention functions behind jit: eagerly every op of them compiled a one-op program. The bound and the
+# mask are data (one program for every bound); the block sizes static, as in the model.
+_attend = jax.jit(attend)
+_attend_cache = jax.jit(attend_cache, static_argnames="block_size")
+
+
+def _blocked_loss(q, k, v, mask, block):
+    out = attend(q, k, v, mask, softcap=2.0, query_block=block)
+    return (out**2).sum(), out
+
+
+_blocked_loss_grads = jax.jit(jax.value_and_grad(_blocked_loss, argnums=(0, 1, 2), has_aux=True), static_argnums=4)
 
 
 def _extend(graphdef, block_size):
@@ -54,17 +79,18 @@ def test_attend_cache_equals_masked_softmax(block_size):
     """Blocks (dividing max_len or not, the last overlapping) give the one-shot masked softmax."""
     batch, chunk, heads, kv_heads, d, max_len = 3, 4, 4, 2, 8, 20
     rs = np.random.RandomState(block_size)
-    q = jnp.asarray(rs.randn(batch, chunk, heads, d), jnp.float32)
-    k = jnp.asarray(rs.randn(batch, max_len, kv_heads, d), jnp.float32)
-    v = jnp.asarray(rs.randn(batch, max_len, kv_heads, d), jnp.float32)
-    positions = jnp.asarray([[0, 1, 2, 3], [9, 10, 11, 12], [15, 16, 17, 18]], jnp.int32)
+    q = rs.randn(batch, chunk, heads, d).astype(np.float32)
+    k = rs.randn(batch, max_len, kv_heads, d).astype(np.float32)
+    v = rs.randn(batch, max_len, kv_heads, d).astype(np.float32)
+    positions = np.asarray([[0, 1, 2, 3], [9, 10, 11, 12], [15, 16, 17, 18]], np.int32)
     bound = 19
-    mask = (jnp.arange(max_len)[None, None] <= positions[:, :, None]) & (jnp.arange(max_len) < bound)
-    want = attend(q, k, v, mask)
-    got = attend_cache(q, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), positions, bound, block_size)
+    mask = (np.arange(max_len)[None, None] <= positions[:, :, None]) & (np.arange(max_len) < bound)
+    want = _attend(q, k, v, mask)
+    k_cache, v_cache = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
+    got = _attend_cache(q, k_cache, v_cache, positions, np.int32(bound), block_size=block_size)
     np.testing.assert_allclose(got, want, atol=TOL, rtol=0)
     # A query with nothing below the bound gets zeros, not NaN.
-    empty = attend_cache(q, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), positions, 0, block_size)
+    empty = _attend_cache(q, k_cache, v_cache, positions, np.int32(0), block_size=block_size)
     np.testing.assert_array_equal(empty, 0.0)
 
 
@@ -74,15 +100,10 @@ def test_attend_in_query_blocks_equals_all_at_once(query_block):
     one-shot attention and its gradients, soft-capped too; a padding row (no visible key) included."""
     batch, seq, heads, kv_heads, d = 2, 10, 4, 2, 8
     rs = np.random.RandomState(query_block)
-    q, k, v = (jnp.asarray(rs.randn(batch, seq, h, d), jnp.float32) for h in (heads, kv_heads, kv_heads))
-    mask = jnp.tril(jnp.ones((seq, seq), bool))[None] & (jnp.arange(seq) < jnp.asarray([10, 7])[:, None, None])
-
-    def loss(q, k, v, block):
-        out = attend(q, k, v, mask, softcap=2.0, query_block=block)
-        return (out**2).sum(), out
-
-    (_, want), want_grads = jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True)(q, k, v, 0)
-    (_, got), grads = jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True)(q, k, v, query_block)
+    q, k, v = (rs.randn(batch, seq, h, d).astype(np.float32) for h in (heads, kv_heads, kv_heads))
+    mask = np.tril(np.ones((seq, seq), bool))[None] & (np.arange(seq) < np.asarray([10, 7])[:, None, None])
+    (_, want), want_grads = _blocked_loss_grads(q, k, v, mask, 0)  # (one program for both parameters)
+    (_, got), grads = _blocked_loss_grads(q, k, v, mask, query_block)
     np.testing.assert_allclose(got, want, atol=TOL, rtol=0)
     for g, w in zip(grads, want_grads, strict=True):
         np.testing.assert_allclose(g, w, atol=10 * TOL, rtol=0)
@@ -96,16 +117,18 @@ def test_cache_rows_read_and_write_the_named_rows_only(model):
     run = jax.jit(lambda s, t, n, o, c, r: nnx.merge(graphdef, s).extend(t, n, o, c, block_size=8, cache_rows=r))
     plain = jax.jit(lambda s, t, n, o, c: nnx.merge(graphdef, s).extend(t, n, o, c, block_size=8))
     cache = model.init_cache(4, 32)
-    _, cache = plain(state, _tokens((4, 12)), jnp.asarray([12, 7, 3, 10]), jnp.zeros(4, jnp.int32), cache)
-    rows = jnp.asarray([3, 1], jnp.int32)
-    chunk, n, offsets = _tokens((2, 3), seed=1), jnp.asarray([3, 2]), jnp.asarray([10, 7])
-    got, new = run(state, chunk, n, offsets, cache, rows)
-    want, want_cache = plain(state, chunk, n, offsets, jax.tree.map(lambda x: x[rows], cache))
+    _, cache = plain(state, _tokens((4, 12)), _i32([12, 7, 3, 10]), np.zeros(4, np.int32), cache)
+    rows = np.asarray([3, 1], np.int32)
+    chunk, n, offsets = _tokens((2, 3), seed=1), _i32([3, 2]), _i32([10, 7])
+    got, new = run(state, chunk, n, offsets, cache, _i32(rows))
+    taken = jax.tree.map(lambda x: jax.device_put(np.asarray(x)[rows]), cache)  # (rows taken out on the host)
+    want, want_cache = plain(state, chunk, n, offsets, taken)
     np.testing.assert_allclose(got, want, atol=TOL, rtol=0)
     for mine, ref, old in zip(jax.tree_util.tree_leaves(new), jax.tree_util.tree_leaves(want_cache),
                               jax.tree_util.tree_leaves(cache)):
+        mine, old = np.asarray(mine), np.asarray(old)
         np.testing.assert_array_equal(mine[rows], ref)
-        np.testing.assert_array_equal(mine[jnp.asarray([0, 2])], old[jnp.asarray([0, 2])])
+        np.testing.assert_array_equal(mine[[0, 2]], old[[0, 2]])
 
 
 def test_blocked_extend_equals_full_and_each_sequence_alone(any_model):
@@ -114,23 +137,25 @@ def test_blocked_extend_equals_full_and_each_sequence_alone(any_model):
     not dividing max_len) give the logits and cache of whole-buffer attention and of each row alone."""
     graphdef, state = nnx.split(model)
     max_len, lens1, lens2 = 24, np.array([5, 11, 3]), np.array([4, 0, 6])
-    tokens = _tokens((3, 20), seed=1)
+    tokens = _np_tokens((3, 20), seed=1)  # sliced on the host: only the model's programs compile
     results = {}
     for block_size in (0, 4, 5):
         extend = _extend(graphdef, block_size)
         cache = model.init_cache(3, max_len)
         out = [[] for _ in range(3)]
-        l1, cache = extend(state, tokens[:, :11], jnp.asarray(lens1), jnp.zeros(3, jnp.int32), cache)
-        chunk2 = jnp.stack([tokens[b, lens1[b] : lens1[b] + 6] for b in range(3)])
-        l2, cache = extend(state, chunk2, jnp.asarray(lens2), jnp.asarray(lens1), cache)
+        l1, cache = extend(state, tokens[:, :11], _i32(lens1), np.zeros(3, np.int32), cache)
+        chunk2 = np.stack([tokens[b, lens1[b] : lens1[b] + 6] for b in range(3)])
+        l2, cache = extend(state, chunk2, _i32(lens2), _i32(lens1), cache)
         offsets = lens1 + lens2
+        l1, l2 = np.asarray(l1), np.asarray(l2)
         for b in range(3):
-            out[b] += [np.asarray(l1[b, : lens1[b]]), np.asarray(l2[b, : lens2[b]])]
+            out[b] += [l1[b, : lens1[b]], l2[b, : lens2[b]]]
         for _ in range(3):
-            step = tokens[jnp.arange(3), jnp.asarray(offsets)][:, None]
-            logits, cache = extend(state, step, jnp.ones(3, jnp.int32), jnp.asarray(offsets), cache)
+            step = tokens[np.arange(3), offsets][:, None]
+            logits, cache = extend(state, step, np.ones(3, np.int32), _i32(offsets), cache)
+            logits = np.asarray(logits)
             for b in range(3):
-                out[b].append(np.asarray(logits[b]))
+                out[b].append(logits[b])
             offsets = offsets + 1
         results[block_size] = ([np.concatenate(o) for o in out], jax.tree_util.tree_map(np.asarray, cache))
         assert extend.trace_count() == 3  # chunk widths 11, 6 and 1: one trace each, whatever the offsets
@@ -143,8 +168,8 @@ def test_blocked_extend_equals_full_and_each_sequence_alone(any_model):
     for b in range(3):
         n = lens1[b] + lens2[b] + 3
         padded = np.zeros((1, max_len), np.int32)
-        padded[0, :n] = np.asarray(tokens[b, :n])  # the chunks and decode steps read it in order
-        alone = forward(state, jnp.asarray(padded))[0, :n]
+        padded[0, :n] = tokens[b, :n]  # the chunks and decode steps read it in order
+        alone = np.asarray(forward(state, padded))[0, :n]
         np.testing.assert_allclose(results[4][0][b], alone, atol=TOL, rtol=0)
 
 
@@ -153,13 +178,13 @@ def test_one_program_serves_growing_contexts(model):
     logits equal whole-buffer attention."""
     graphdef, state = nnx.split(model)
     blocked, full = _extend(graphdef, 8), _extend(graphdef, 0)
-    prompt = _tokens((2, 64), seed=4)
+    prompt = _np_tokens((2, 64), seed=4)
     cache = model.init_cache(2, 64)
-    _, cache = full(state, prompt, jnp.full(2, 63), jnp.zeros(2, jnp.int32), cache)
+    _, cache = full(state, prompt, np.full(2, 63, np.int32), np.zeros(2, np.int32), cache)
     for offset in (0, 8, 29, 62):
-        token, offsets = prompt[:, offset : offset + 1], jnp.asarray([offset, offset // 2])
-        got, _ = blocked(state, token, jnp.ones(2, jnp.int32), offsets, cache)
-        want, _ = full(state, token, jnp.ones(2, jnp.int32), offsets, cache)
+        token, offsets = prompt[:, offset : offset + 1], _i32([offset, offset // 2])
+        got, _ = blocked(state, token, np.ones(2, np.int32), offsets, cache)
+        want, _ = full(state, token, np.ones(2, np.int32), offsets, cache)
         np.testing.assert_allclose(got, want, atol=TOL, rtol=0)
     assert blocked.trace_count() == 1
 
@@ -188,7 +213,7 @@ def test_decode_step_neither_copies_nor_transposes_the_cache_and_donates_it(mode
     step = jax.jit(lambda s, t, o, c: nnx.merge(graphdef, s).extend(t, jnp.ones(3, jnp.int32), o, c,
                                                                     block_size=block_size), donate_argnums=3)
     cache = model.init_cache(3, 64)
-    args = (state, _tokens((3, 1)), jnp.asarray([0, 5, 63], jnp.int32), cache)
+    args = (state, _tokens((3, 1)), _i32([0, 5, 63]), cache)
     hlo = step.lower(*args).compile().as_text()
     assert _cache_sized_copies(hlo, cache[0][0].size) == []
     # The checker does see a cache-sized transpose when the layout forces one.
@@ -202,19 +227,23 @@ def test_decode_step_neither_copies_nor_transposes_the_cache_and_donates_it(mode
 def test_shared_prefix_cache_equals_the_prefix_in_every_row(any_model):
     model = any_model
     """`extend(shared=)`: a prefix prefilled once at batch 1 and read by every row gives the logits of
-    each row holding the prefix in its own cache (offsets then count from the prefix's end)."""
+    each row holding the prefix in its own cache (offsets then count from the prefix's end). The rows
+    joined to the prefix run at the blocked-extend test's shapes (3 rows of 11 into 24 slots, then one token,
+    blocks of 4): its programs, loaded from the compile cache."""
     graphdef, state = nnx.split(model)
     extend = jax.jit(lambda s, t, n, o, c, sh: nnx.merge(graphdef, s).extend(t, n, o, c, block_size=4, shared=sh))
     plain = _extend(graphdef, 4)
-    prefix, rows, lengths = _tokens((1, 7), seed=5), _tokens((3, 5), seed=6), jnp.asarray([5, 2, 4])
+    prefix, rows = _np_tokens((1, 7), seed=5), _np_tokens((3, 4), seed=6)
+    lengths = np.asarray([4, 2, 3], np.int32)
     shared = model.init_cache(1, 7)
-    _, shared = plain(state, prefix, jnp.asarray([7]), jnp.zeros(1, jnp.int32), shared)
-    got, cache = extend(state, rows, lengths, jnp.zeros(3, jnp.int32), model.init_cache(3, 12), shared)
-    step, _ = extend(state, rows[:, :1], jnp.ones(3, jnp.int32), lengths, cache, shared)
-    joined = jnp.concatenate([jnp.repeat(prefix, 3, axis=0), rows], axis=1)
+    _, shared = plain(state, prefix, _i32([7]), np.zeros(1, np.int32), shared)
+    got, cache = extend(state, rows, lengths, np.zeros(3, np.int32), model.init_cache(3, 12), shared)
+    step, _ = extend(state, rows[:, :1], np.ones(3, np.int32), lengths, cache, shared)
+    joined = np.concatenate([np.repeat(prefix, 3, axis=0), rows], axis=1)
     lengths_joined = lengths + 7
-    want, cache = plain(state, joined, lengths_joined, jnp.zeros(3, jnp.int32), model.init_cache(3, 19))
-    want_step, _ = plain(state, rows[:, :1], jnp.ones(3, jnp.int32), lengths_joined, cache)
+    want, cache = plain(state, joined, lengths_joined, np.zeros(3, np.int32), model.init_cache(3, 24))
+    want_step, _ = plain(state, rows[:, :1], np.ones(3, np.int32), lengths_joined, cache)
+    got, want = np.asarray(got), np.asarray(want)
     for b in range(3):
         np.testing.assert_allclose(got[b, : lengths[b]], want[b, 7 : 7 + lengths[b]], atol=TOL, rtol=0)
     np.testing.assert_allclose(step, want_step, atol=TOL, rtol=0)
