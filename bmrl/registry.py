@@ -1,6 +1,7 @@
 """Named implementations of one extension point, in one shape for every registry of bmrl: environments
 (`bmrl.envs.ENVS`), advantage estimators and losses (`bmrl.learn`), budget samplers (`bmrl.budget`),
-model families (`bmrl.model.families`) and sweep commands (`bmrl.sweep`).
+model families (`bmrl.model.families`), sweep commands (`bmrl.sweep`), evaluation metrics
+(`bmrl.eval.metrics.METRICS`) and `bmrl plan`'s machines (`bmrl.machines.HARDWARE`).
 
     LOSSES = Registry("loss", {"ppo": ppo_loss})
     @LOSSES.register("pg")                 # or LOSSES.add("pg", pg_loss)
