@@ -260,11 +260,12 @@ def test_plan_error_names_the_fix():
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_lora_update_holds_the_planned_compute_copy(dtype):
-    """Compile only (XLA:CPU): the LoRA update of a model whose weights dominate (2 layers, hidden 512, a 2,048-token
-    tied vocabulary, float32 parameters) holds the plan's update within 25%: the adapters' gradients and
-    activations plus the compute copy (the base as the matmuls read it: float32 on XLA:CPU when they read
-    bfloat16, nothing when they read float32). With bfloat16 compute, the plan without the copy would miss more
-    than half of XLA's temporaries."""
+    """Compile only, on this process's backend (XLA:CPU in the suite; bench/device.sh runs this file on a GPU):
+    the LoRA update of a model whose weights dominate (2 layers, hidden 512, a 2,048-token tied vocabulary, float32
+    parameters) holds the plan's update within 25%: the adapters' gradients and activations plus the compute copy
+    (the parameters as the matmuls read them: float32 on XLA:CPU, bfloat16 on a GPU, when they read bfloat16;
+    nothing when they read float32). With bfloat16 compute, the plan without the copy would miss more than a third
+    of XLA's temporaries."""
     from bmrl.model.lora import LoRASpec, add_lora, split_lora
 
     mcfg = ModelConfig(vocab_size=2048, hidden_size=512, intermediate_size=1024, num_hidden_layers=2,
@@ -280,13 +281,12 @@ def test_lora_update_holds_the_planned_compute_copy(dtype):
     temp = upd.lower(adapters, opt_state, base, fake_traj(0), jax.random.key(0)).compile().memory_analysis()
     temp = temp.temp_size_in_bytes - workspace_bytes()
     mesh = make_mesh(MeshConfig(1, 1, 1), devices=jax.devices()[:1])
-    plan = plan_memory(mcfg, mesh, tx, rollout_batch=B, max_len=L, update_rows=B, device_memory_gb=1.0, lora=spec,
-                       backend="cpu")
+    plan = plan_memory(mcfg, mesh, tx, rollout_batch=B, max_len=L, update_rows=B, device_memory_gb=1.0, lora=spec)
     assert plan.update == plan.grads + plan.activations + plan.compute_copy  # not the optimizer step
     assert 0.8 * temp < plan.update < 1.25 * temp, (dtype, temp, plan)
     if dtype == "bfloat16":
-        assert plan.compute_copy == 4 * sum(x.size for x in jax.tree.leaves(base)) + 4 * sum(
-            x.size for x in jax.tree.leaves(adapters))
-        assert plan.update - plan.compute_copy < temp / 2
+        held = 4 if jax.default_backend() == "cpu" else 2  # bytes per parameter of the copy
+        assert plan.compute_copy == held * sum(x.size for x in jax.tree.leaves(base) + jax.tree.leaves(adapters))
+        assert plan.update - plan.compute_copy < 2 / 3 * temp
     else:
         assert plan.compute_copy == 0
