@@ -107,8 +107,8 @@ def _on_one_mesh(leaves: list) -> list:
     use (host arrays, a key on one device) are placed on it replicated; every process holds them whole."""
     mesh = next((x.sharding.mesh for x in leaves
                  if isinstance(x, jax.Array) and isinstance(x.sharding, jax.sharding.NamedSharding)), None)
-    if mesh is None:
-        return [jnp.asarray(x) for x in leaves]
+    if mesh is None:  # device_put: jnp.asarray of a host array compiles a program per shape
+        return [x if isinstance(x, jax.Array) else jax.device_put(np.asarray(x)) for x in leaves]
     replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
     return [x if isinstance(x, jax.Array) and getattr(x.sharding, "mesh", None) == mesh
             else jax.device_put(np.asarray(x), replicated) for x in leaves]
@@ -167,6 +167,11 @@ def check_manifest(manifest: Any, step: int) -> dict:
     if manifest.get("step") != int(step):
         raise CheckpointCorrupt(f"the manifest is for step {manifest.get('step')}, not {step}")
     return manifest
+
+
+def _dtype(x: Any) -> str:
+    """The dtype `jnp.asarray(x)` has, read on the host (no program compiled for a host array)."""
+    return str(x.dtype if isinstance(x, jax.Array) else jax.dtypes.canonicalize_dtype(np.result_type(x)))
 
 
 def _abstract(tree: Any) -> Any:
@@ -292,7 +297,7 @@ class Checkpointer:
         """Checkpoint `step` restored into the structure, dtypes and shardings of `like`, verified
         against its manifest. Raises CheckpointCorrupt or CheckpointMismatch."""
         manifest = self._read_manifest(step)
-        want = {name: (list(np.shape(x)), str(jnp.asarray(x).dtype)) for name, x in _paths(like)}
+        want = {name: (list(np.shape(x)), _dtype(x)) for name, x in _paths(like)}
         have = {name: (a["shape"], a["dtype"]) for name, a in manifest["arrays"].items()}
         if want != have:
             diff = sorted(k for k in set(want) | set(have) if want.get(k) != have.get(k))

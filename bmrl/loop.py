@@ -20,13 +20,13 @@ newest verified checkpoint, the checkpoint cadence (`Schedule`), the metrics fil
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import time
 from collections.abc import Callable
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 
 from bmrl.assembly.learner import Learner
 from bmrl.checkpoint import Checkpointer, key_data
@@ -82,9 +82,15 @@ def place_learner(optimizer, params: Any, mesh) -> tuple[Any, Any, tuple[Any, An
     opt_state_shardings)); the update program is compiled for exactly these shardings."""
     param_sh = param_shardings(params, mesh)
     params = jax.device_put(params, param_sh)
-    opt_state = init_opt_state(optimizer, params)
-    opt_sh = state_shardings(opt_state, mesh)
-    return params, jax.device_put(opt_state, opt_sh), (param_sh, opt_sh)
+    init = functools.partial(init_opt_state, optimizer)
+    opt_sh = state_shardings(jax.eval_shape(init, params), mesh)
+    return params, jax.jit(init, out_shardings=opt_sh)(params), (param_sh, opt_sh)
+
+
+def _init_opt_state(optimizer, params: Any) -> Any:
+    """`init_opt_state(optimizer, params)` in one program (eager, every zeros, counter and copy was a one-op
+    program of its own)."""
+    return jax.jit(functools.partial(init_opt_state, optimizer))(params)
 
 
 class Loop:
@@ -98,7 +104,7 @@ class Loop:
         self.progress, self.on_step = progress, on_step
         learner, params = Learner.of(policy, cfg)  # LoRA: the adapters train, the base is a frozen input of the step
         if mesh is None:
-            opt_state, self.shardings = init_opt_state(optimizer, params), None  # distinct buffers: steps donate them
+            opt_state, self.shardings = _init_opt_state(optimizer, params), None  # distinct buffers: steps donate them
         else:
             if learner.lora:  # the frozen base, placed once
                 base = jax.device_put(learner.base, param_shardings(learner.base, mesh))
@@ -121,7 +127,7 @@ class Loop:
             params, opt_state = arrays["params"], arrays["opt_state"]
             if self.shardings is not None:
                 params, opt_state = jax.device_put((params, opt_state), self.shardings)  # this mesh
-            key = jax.random.wrap_key_data(jnp.asarray(arrays["key"]))
+            key = jax.random.wrap_key_data(jax.device_put(arrays["key"]))  # device_put: no program compiled
             state = TrainState(params, opt_state, key, int(meta["step"]), int(meta["data_position"]),
                                record.from_meta(meta))
             self.log(f"{self.name}: resumed from {self.ckpt.directory} at step {state.step}")

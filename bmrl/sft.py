@@ -100,7 +100,7 @@ def _demo_source(cfg: Config, run: Run, train: Any, key: jax.Array, demo_len: in
     """`demos_at(step, position)`: the demonstrations of the train tasks at data position `position` of a
     seed-shuffled pool, drawn with step `step`'s key: a function of (seed, step, position) only."""
     s, player = cfg.sft, run.player
-    order = np.asarray(jax.random.permutation(jax.random.fold_in(key, 0), player.count(train)))
+    order = np.asarray(_permutation(jax.random.fold_in(key, 0), player.count(train)))
 
     def demos_at(step: int, position: int):
         idx = order[(position + np.arange(s.batch_size)) % len(order)]
@@ -112,6 +112,9 @@ def _demo_source(cfg: Config, run: Run, train: Any, key: jax.Array, demo_len: in
                             recovery=s.recovery, caps=caps, max_reply_tokens=cfg.rollout.max_reply_tokens)
 
     return demos_at
+
+
+_permutation = jax.jit(jax.random.permutation, static_argnums=1)  # one program (eager: an iota and a shuffle)
 
 
 @dataclasses.dataclass

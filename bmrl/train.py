@@ -94,7 +94,7 @@ def make_evaluator(graphdef, run, cfg, tasks, mesh):
     from training's "rollout" even where their shapes and sampling agree)."""
     ts = list(cfg.eval.ts)
     n = run.player.count(tasks)
-    place = lambda tree: shard_batch(jax.tree.map(jnp.asarray, tree), mesh)  # noqa: E731
+    place = lambda tree: shard_batch(jax.tree.map(jax.device_put, tree), mesh)  # noqa: E731  (no program per shape)
     compiled = [0]
 
     def evaluate(params, key) -> dict[int, tuple[float, float]]:
@@ -108,7 +108,16 @@ def make_evaluator(graphdef, run, cfg, tasks, mesh):
     return evaluate
 
 
+@jax.jit
+def _copy_tree(tree: Any) -> Any:
+    """Every array of `tree` copied into a buffer of its own, in one program (the KL reference: the steps donate
+    the parameters)."""
+    return jax.tree.map(jnp.copy, tree)
+
+
+@jax.jit
 def _rollout_stats(traj) -> dict:
+    """The rollout's metrics, in one program (eager, each was a one-op program of its own)."""
     acted = jnp.maximum(traj.turn_active.sum(), 1)
     rows = step_lib.learning_rows(traj)  # the sequences the learner reads (per-turn samples with a history window)
     return dict(
@@ -195,7 +204,7 @@ class Trainer:
                          on_step=self.on_step)
         learner = self.learner = self.loop.learner  # LoRA: the adapters train; the frozen base is the KL reference
         fresh = self.loop.fresh.params
-        self.ref_params = learner.base if learner.lora else jax.tree.map(jnp.copy, fresh) if t.kl_coef > 0 else None
+        self.ref_params = learner.base if learner.lora else _copy_tree(fresh) if t.kl_coef > 0 else None
         state = self.loop.start(RunRecord)
         rcfg = self.run.rollout
         self.play = self.player.playing(learner.graphdef, rcfg, self.mesh)

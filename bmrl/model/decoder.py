@@ -20,6 +20,8 @@ Two entry points:
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -31,7 +33,14 @@ from bmrl.model.rope import apply_rope, inverse_frequencies
 # A tuple over layers of (keys, values), each [batch, kv_heads, max_len, head_dim] (head-major: the
 # attention contractions read it as stored, so a decode step neither copies nor transposes it).
 KVCache = tuple[tuple[jax.Array, jax.Array], ...]
-_init = nnx.initializers.normal(stddev=0.02)
+
+
+def _init(key: jax.Array, shape, dtype=None, out_sharding=None) -> jax.Array:
+    """`nnx.initializers.normal(stddev=0.02)`, the draw fenced from the scaling: inside `init_model`'s one
+    program XLA would fuse the two, and the values would no longer be the eager ones bit for bit."""
+    dtype = jax.dtypes.canonicalize_dtype(jnp.float64) if dtype is None else dtype  # jax's default float dtype
+    x = jax.lax.optimization_barrier(jax.random.normal(key, shape, dtype, out_sharding=out_sharding))
+    return x * jnp.array(0.02, dtype)
 
 
 class RMSNorm(nnx.Module):
@@ -306,8 +315,25 @@ def softcap_logits(logits: jax.Array, cap: float | None) -> jax.Array:
 
 
 def init_model(cfg: ModelConfig, seed: int = 0) -> Decoder:
-    """A randomly initialised decoder (HF-style init: normal(0.02) weights, unit norms, zero biases)."""
-    return Decoder(cfg, rngs=nnx.Rngs(seed))
+    """A randomly initialised decoder (HF-style init: normal(0.02) weights, unit norms, zero biases).
+
+    Built in one jitted program per config (bitwise the eager init's values: the same draws from the same
+    keys); eager, every draw, scale and fill compiled a one-op program of its own."""
+    graphdef = nnx.graphdef(nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(seed))))
+    try:
+        hash(cfg)
+    except TypeError:  # a config holding a dict (rope_scaling): a program of its own
+        state = jax.jit(functools.partial(_state_of, cfg))(jax.random.key(seed))
+    else:
+        state = _init_state(cfg, jax.random.key(seed))
+    return nnx.merge(graphdef, state)
+
+
+def _state_of(cfg: ModelConfig, key: jax.Array) -> nnx.State:
+    return nnx.state(Decoder(cfg, rngs=nnx.Rngs(key)))
+
+
+_init_state = jax.jit(_state_of, static_argnums=0)
 
 
 def num_params(model: Decoder) -> int:

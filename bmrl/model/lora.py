@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import hashlib
 from collections.abc import Iterator
 from typing import Any
@@ -83,15 +84,15 @@ def lora_dropout(key: jax.Array | None) -> Iterator[None]:
 class LoRALinear(nnx.Linear):
     """An `nnx.Linear` (its own kernel and bias, untouched) plus the adapter term (module docstring)."""
 
-    def __init__(self, base: nnx.Linear, spec: LoRASpec, key: jax.Array):
+    def __init__(self, base: nnx.Linear, spec: LoRASpec, key: jax.Array | None, arrays: tuple | None = None):
         # Adopt the base's variables and settings as they are (no new kernel is allocated).
         for name in ("kernel", "in_features", "out_features", "use_bias", "dtype", "param_dtype", "precision",
                      "dot_general", "promote_dtype", "preferred_element_type"):
             setattr(self, name, getattr(base, name))
         self.bias = base.bias if base.bias is not None else nnx.data(None)
-        bound = 1.0 / base.in_features**0.5
-        self.lora_a = LoRAParam(jax.random.uniform(key, (base.in_features, spec.rank), jnp.float32, -bound, bound))
-        self.lora_b = LoRAParam(jnp.zeros((spec.rank, base.out_features), jnp.float32))
+        lora_a, lora_b = _lora_init(key, base.in_features, base.out_features, spec.rank) if arrays is None else arrays
+        self.lora_a = LoRAParam(lora_a)
+        self.lora_b = LoRAParam(lora_b)
         self.scale = spec.scale
         self.dropout = spec.dropout
 
@@ -131,11 +132,31 @@ def add_lora(model: Decoder, spec: LoRASpec, seed: int = 0) -> Decoder:
         return model
     if has_lora(model):
         raise ValueError("the model already has LoRA adapters.")
-    key = jax.random.key(seed)
-    for n, (_, name, parent, attr) in enumerate(targets_of(model)):
-        if name in spec.targets:
-            setattr(parent, attr, LoRALinear(getattr(parent, attr), spec, jax.random.fold_in(key, n)))
+    found = [(n, parent, attr) for n, (_, name, parent, attr) in enumerate(targets_of(model)) if name in spec.targets]
+    shapes = tuple((n, getattr(parent, attr).in_features, getattr(parent, attr).out_features) for n, parent, attr in found)
+    arrays = _adapter_arrays(jax.random.key(seed), shapes, spec.rank)
+    for (n, parent, attr), pair in zip(found, arrays, strict=True):
+        setattr(parent, attr, LoRALinear(getattr(parent, attr), spec, None, pair))
     return model
+
+
+def _lora_init(key: jax.Array, d_in: int, d_out: int, rank: int) -> tuple[jax.Array, jax.Array]:
+    """(A, B) of one adapter: A uniform in +-1/sqrt(d_in) (drawn from `key`), B zero."""
+    bound = 1.0 / d_in**0.5
+    return (jax.random.uniform(key, (d_in, rank), jnp.float32, -bound, bound),
+            jnp.zeros((rank, d_out), jnp.float32))
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2))
+def _adapter_arrays(key: jax.Array, shapes: tuple, rank: int) -> list:
+    """Every adapter's (A, B) in one program (eager, each draw and zeros was a one-op program of its own): adapter
+    n of `shapes` ((n, d_in, d_out) each) from `fold_in(key, n)`. Each draw is fenced (optimization_barrier) so
+    XLA fuses nothing into it: the values are the eager draws' bit for bit."""
+    out = []
+    for n, d_in, d_out in shapes:
+        a, b = _lora_init(jax.random.fold_in(key, n), d_in, d_out, rank)
+        out.append((jax.lax.optimization_barrier(a), b))
+    return out
 
 
 def adapters(model: Decoder) -> Iterator[tuple[int, str, LoRALinear]]:
