@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from bmrl import budget
-from bmrl.envs import ENVS, make
+from bmrl.envs import make
 from bmrl.rollout import Injection, RolloutConfig, RolloutError, default_format, rollout
 from bmrl.generate import generate
 from bmrl.rollout.baseline import python_loop_rollout
@@ -65,30 +65,63 @@ CAPS = [1, 3, 6, 5, 2, 6, 6, 4]  # the batch of 8 rows: rows finish at every tur
 WINDOW_CAPS, WINDOW_TASKS = CAPS, {"seed": np.arange(8, dtype=np.int32) + 100}
 
 
+@functools.lru_cache(maxsize=None)
+def _windowed_rows():
+    """`bmrl.learn.demos.windowed_rows` as one program per window (its eager form compiles an XLA program
+    per operation)."""
+    from bmrl.learn.demos import windowed_rows
+
+    return jax.jit(windowed_rows, static_argnums=(1, 2))
+
+
 def _assert_same(a, b):
     for f in FIELDS:
         np.testing.assert_array_equal(np.asarray(getattr(a, f)), np.asarray(getattr(b, f)), err_msg=f)
     np.testing.assert_allclose(np.asarray(a.logprobs), np.asarray(b.logprobs), atol=1e-4)
 
 
+# The compacting rollouts: the file's batch of 8 rows in chunks of 2 (compaction on with the smallest chunks).
+COMPACTING = dict(compact_min_rows=2, compact_steps=4)
+
+
 @pytest.mark.parametrize(
-    "name, temperature",
-    # Every env greedy, and sampled on two (corridor only sampled: each case costs a compile). Not keypad:
-    # the suite's tokenizer spells "press"/"delete" letter by letter, and a bigram-steered policy cannot
-    # spell repeated letters; keypad's episodes are checked by scripted policies (test_envs_keypad.py).
-    [(n, 0.0) for n in sorted(ENVS) if n not in ("corridor", "keypad")] + [("corridor", 1.0), ("toolchain", 1.0)],
-    ids=lambda v: {0.0: "greedy", 1.0: "sampled"}.get(v, v) if isinstance(v, float) else v,
+    "name, temperature, compacting",
+    # Every env but keypad greedy, and sampled on two (corridor only sampled: each case costs a compile).
+    # Keypad sampled only, and not held to acting: the suite's tokenizer spells "press"/"delete" letter by
+    # letter, and a bigram-steered policy cannot spell repeated letters (its replies mostly fail to parse; its
+    # state is gathered all the same); keypad's episodes are checked by scripted policies (test_envs_keypad.py).
+    # Compacting (8 rows in chunks of 2): each kind of environment state (a grid, a tool chain, a code, the
+    # corridor's: pytrees of their own shapes) is gathered when the batch compacts; frozenlake's grid state is
+    # sokoban's kind. One program per case, shared: the greedy toolchain is the windowed fixture's whole-history
+    # run, the sampled corridor every other sampled corridor rollout of 8 rows in the file.
+    [("frozenlake", 0.0, False), ("sokoban", 0.0, True), ("toolchain", 0.0, False), ("corridor", 1.0, True),
+     ("toolchain", 1.0, True), ("keypad", 1.0, True)],
+    ids=["frozenlake-greedy", "sokoban-greedy-compacting", "toolchain-greedy", "corridor-sampled-compacting",
+         "toolchain-sampled-compacting", "keypad-sampled-compacting"],
 )
-def test_rollout_equals_python_loop(name, temperature, tiny_tokenizer):
-    """Token for token, with the same per-row keys: greedy and sampled replies alike."""
+def test_rollout_equals_python_loop(name, temperature, compacting, tiny_tokenizer):
+    """Token for token, with the same per-row keys: greedy and sampled replies alike. A compacting rollout
+    (finished rows leave the batch: live rows packed first, turns played in chunks of 2 rows while a chunk
+    holds a live row) gives every row the trajectory the Python loop plays for it (which never compacts),
+    rows finishing at different turns."""
     env = _env(name, tiny_tokenizer)
     policy = steered_policy(env, _fmt(env), seed=1, scale=3.0 if temperature else 12.0)
     caps = jnp.array(CAPS, jnp.int32)
     tasks = {"seed": np.arange(8, dtype=np.int32) + 100}
     cfg = _cfg(temperature=temperature)
+    assert cfg.compact_chunk(8) == 8  # the default's 16-row chunks: the whole batch
+    if compacting:
+        cfg = dataclasses.replace(cfg, **COMPACTING)
+        assert cfg.compact_chunk(8) == 2
     a = rollout(policy, env, tasks, caps, jax.random.key(3), cfg)
     b = python_loop_rollout(policy, env, tasks, caps, jax.random.key(3), cfg)
     _assert_same(a, b)
+    used = np.asarray(a.turns_used)
+    assert (used <= np.asarray(caps)).all() and used.max() > 1
+    if compacting:
+        assert used.min() < used.max()  # rows really finished at different turns
+    if name == "keypad":
+        return
     # The steered policy really acts: valid actions step the environment; sampling varies them.
     actions = np.asarray(a.action)[np.asarray(a.turn_active)]
     assert (actions >= 0).any(), actions
@@ -159,7 +192,7 @@ def test_windowed_samples_are_the_history_until_the_window_fills(windowed):
 def test_sft_windows_demonstrations_as_the_rollout_windows_its_turns(windowed):
     """The rollout's episodes laid out as demonstrations (their actions replayed, `make_demos`) and cut into
     windows (`windowed_rows`, what SFT trains on with a history window) are the rollout's own turn samples."""
-    from bmrl.learn.demos import demo_tokens_needed, make_demos, windowed_rows
+    from bmrl.learn.demos import demo_tokens_needed, make_demos
 
     win, env = windowed["engine"], windowed["env"]
     fmt = _fmt(env)
@@ -169,7 +202,7 @@ def test_sft_windows_demonstrations_as_the_rollout_windows_its_turns(windowed):
     demos = make_demos(env, fmt, WINDOW_TASKS, jax.random.key(3), num_turns=6, noise=0.0, cut_after_error=False,
                        max_len=demo_tokens_needed(env, fmt, 6), caps=jnp.array(WINDOW_CAPS),
                        actions=np.where(actions >= 0, actions, 0))
-    tokens, length, mask = (np.asarray(x) for x in windowed_rows(demos, 2, 512))
+    tokens, length, mask = (np.asarray(x) for x in _windowed_rows()(demos, 2, 512))
     s = jax.tree.map(np.asarray, win.turn_samples.rows())
     rows = np.repeat(valid, 6)
     np.testing.assert_array_equal(length[rows], s.length[rows])
@@ -199,15 +232,17 @@ def test_learner_trains_each_windowed_turn_on_its_own_sample(windowed):
     np.testing.assert_allclose(np.asarray(logp)[sampled], np.asarray(rows["logp_old"])[sampled], atol=1e-5)
 
     cfg = TrainCfg(group_size=2, tasks_per_step=4, minibatches=2, advantage="grpo")
-    win = win.replace(reward=win.turn_active * (jnp.arange(8) % 2)[:, None].astype(jnp.float32))  # odd rows win
-    adv = np.asarray(compute_advantages(win, cfg)).reshape(8, 6, -1)
+    odd = (np.arange(8) % 2)[:, None].astype(np.float32)
+    win = win.replace(reward=np.asarray(win.turn_active) * odd)  # odd rows win
+    adv = np.asarray(jax.jit(lambda w: compute_advantages(w, cfg))(win)).reshape(8, 6, -1)
     assert np.abs(adv).sum() > 0
     for b, t in zip(*np.nonzero(np.asarray(win.turn_active))):  # the turn's advantage on its reply, once
         m = sampled.reshape(8, 6, -1)[b, t]
         assert len(set(adv[b, t][m].tolist())) == 1 and (adv[b, t][~m] == 0).all()
     optimizer = make_optimizer(lr=1e-2)
     update = make_update(graphdef, optimizer, cfg, 0.0, donate=False)
-    new, _, metrics = update(params, init_opt_state(optimizer, params), None, win, jax.random.key(0))
+    new, _, metrics = update(params, jax.jit(functools.partial(init_opt_state, optimizer))(params), None, win,
+                             jax.random.key(0))
     assert float(metrics["num_tokens"]) == sampled.sum() and np.isfinite(float(metrics["loss"]))
     assert int(metrics["rows_trained_min"]) == 1 and int(metrics["no_signal_updates"]) < 12
     assert any(not np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(jax.tree.leaves(new), jax.tree.leaves(params)))
@@ -216,7 +251,8 @@ def test_learner_trains_each_windowed_turn_on_its_own_sample(windowed):
     # row (the policy left in place, lr 0: KL exactly 0, the ratio 1 on every sampled token).
     frozen_lr = make_optimizer(lr=0.0)
     kl_update = make_update(graphdef, frozen_lr, dataclasses.replace(cfg, kl_coef=0.5), 0.0, donate=False)
-    _, _, m = kl_update(params, init_opt_state(frozen_lr, params), params, win, jax.random.key(0))
+    _, _, m = kl_update(params, jax.jit(functools.partial(init_opt_state, frozen_lr))(params), params, win,
+                        jax.random.key(0))
     assert abs(float(m["kl"])) < 1e-6 and float(m["ratio_max"]) < 1 + 1e-5 and np.isfinite(float(m["loss"]))
 
 
@@ -253,7 +289,7 @@ def test_rewritten_history_equals_reprompting_from_scratch(rewritten, windowed, 
     each context from scratch, trajectories and turn samples alike; the cut really removes tokens; the rollout's
     turn samples are what SFT lays out from the same episodes (`windowed_rows`); a rollout that keeps no samples
     (`learning_samples=False`, an evaluation's) plays the same episodes."""
-    from bmrl.learn.demos import demo_tokens_needed, make_demos, windowed_rows
+    from bmrl.learn.demos import demo_tokens_needed, make_demos
 
     eng, naive, fmt = rewritten["engine", H], rewritten["naive", H], rewritten["fmt"]
     _assert_same(eng, naive)
@@ -264,7 +300,10 @@ def test_rewritten_history_equals_reprompting_from_scratch(rewritten, windowed, 
     for f in ("tokens", "length", "loss_mask", "turn_of_token"):
         np.testing.assert_array_equal(np.asarray(getattr(a, f)), np.asarray(getattr(b, f)), err_msg=f)
     np.testing.assert_allclose(np.asarray(a.logprobs), np.asarray(b.logprobs), atol=1e-5)
-    cuts = [int(fmt.kept_from(np.asarray(r + [fmt.pad_id]), len(r))) for r in rewritten["replies"]]
+    width = 1 + max(map(len, rewritten["replies"]))  # each reply padded: one program for all of them
+    kept_from = jax.jit(fmt.kept_from)
+    cuts = [int(kept_from(np.asarray(r + [fmt.pad_id] * (width - len(r)), np.int32), np.int32(len(r))))
+            for r in rewritten["replies"]]
     assert sum(c > 0 for c in cuts) >= 4, cuts  # replies that lose tokens in the history
     used = np.asarray(eng.turns_used)
     s = jax.tree.map(np.asarray, a)
@@ -283,7 +322,7 @@ def test_rewritten_history_equals_reprompting_from_scratch(rewritten, windowed, 
     demos = make_demos(env, fmt, WINDOW_TASKS, jax.random.key(3), num_turns=6, noise=0.0, cut_after_error=False,
                        max_len=demo_tokens_needed(env, fmt, 6), caps=jnp.array(WINDOW_CAPS),
                        actions=np.where(actions >= 0, actions, 0))
-    tokens, length, mask = (np.asarray(x) for x in windowed_rows(demos, H, 512))
+    tokens, length, mask = (np.asarray(x) for x in _windowed_rows()(demos, H, 512))
     rows = np.repeat(valid, 6)
     flat = jax.tree.map(np.asarray, a.rows())
     np.testing.assert_array_equal(length[rows], flat.length[rows])
@@ -294,12 +333,13 @@ def test_rewritten_history_equals_reprompting_from_scratch(rewritten, windowed, 
 
 def test_caps_hold_exactly(tiny_tokenizer):
     """64 rows of mixed caps (up to max_turns), the cap shown in each observation, played as 8 batches of 8
-    (the program of test_rollout_equals_python_loop[corridor-sampled])."""
+    (the program of test_rollout_equals_python_loop[corridor-sampled-compacting]: compaction on)."""
     env = _env("corridor", tiny_tokenizer)
     policy = steered_policy(env, _fmt(env), seed=3, scale=3.0)
-    cfg = _cfg(temperature=1.0)
+    cfg = dataclasses.replace(_cfg(temperature=1.0), **COMPACTING)
     batch = 64
-    caps = np.asarray(budget.mix([2, 5, 6], [0.3, 0.3, 0.4]).sample(jax.random.key(0), batch, group_size=8))
+    caps = np.asarray(jax.jit(lambda k: budget.mix([2, 5, 6], [0.3, 0.3, 0.4]).sample(k, batch, group_size=8))(
+        jax.random.key(0)))  # jitted: one program, not one per operation
     tasks = {"seed": np.arange(batch, dtype=np.int32)}
     parts = [jax.tree.map(np.asarray, rollout(policy, env, {"seed": tasks["seed"][i:i + 8]}, caps[i:i + 8],
                                               jax.random.key(1 + i), cfg)) for i in range(0, batch, 8)]
@@ -323,10 +363,10 @@ def test_caps_hold_exactly(tiny_tokenizer):
 
 def test_one_compile_across_budgets(tiny_tokenizer):
     """Fixed, mixed and uniform caps, shared in a group or not, run in one program (the caps are data); the
-    program is test_rollout_equals_python_loop[corridor-sampled]'s (the same shapes)."""
+    program is test_rollout_equals_python_loop[corridor-sampled-compacting]'s (the same shapes)."""
     env = _env("corridor", tiny_tokenizer)
     policy = steered_policy(env, _fmt(env), seed=4, scale=3.0)
-    cfg = _cfg(temperature=1.0)
+    cfg = dataclasses.replace(_cfg(temperature=1.0), **COMPACTING)
     from flax import nnx
 
     from bmrl.rollout import make_rollout
@@ -337,9 +377,10 @@ def test_one_compile_across_budgets(tiny_tokenizer):
     tasks = {"seed": np.arange(8, dtype=np.int32)}
     samplers = [budget.fixed(3), budget.fixed(6), budget.mix([2, 4, 6], [0.2, 0.3, 0.5]),
                 budget.uniform(1, 6), budget.mix([4, 6])]
+    draws = jax.jit(lambda: [b.sample(jax.random.key(i), 8, group_size=4, share_in_group=i % 2 == 0)
+                             for i, b in enumerate(samplers)])()  # every sampler's caps in one program
     used = []
-    for i, b in enumerate(samplers):
-        caps = b.sample(jax.random.key(i), 8, group_size=4, share_in_group=i % 2 == 0)
+    for i, caps in enumerate(draws):
         tr = rollout(policy, env, tasks, caps, jax.random.key(10 + i), cfg)
         used.append(np.asarray(tr.turns_used))
     assert run.trace_count() - before <= 1, "the rollout recompiled for new caps"
@@ -370,10 +411,11 @@ def test_same_key_same_trajectory_and_neighbours_do_not_matter(tiny_tokenizer):
 
 
 def test_group_members_sample_differently(tiny_tokenizer):
-    """Two groups of 4 rows on one task each (test_rollout_equals_python_loop[corridor-sampled]'s program)."""
+    """Two groups of 4 rows on one task each (test_rollout_equals_python_loop[corridor-sampled-compacting]'s
+    program)."""
     env = _env("corridor", tiny_tokenizer)
     policy = steered_policy(env, _fmt(env), seed=6, scale=3.0)
-    cfg = _cfg(temperature=1.0)
+    cfg = dataclasses.replace(_cfg(temperature=1.0), **COMPACTING)
     tasks = {"seed": np.repeat(np.arange(2, dtype=np.int32), 4)}
     tr = rollout(policy, env, tasks, np.full((8,), 4, np.int32), jax.random.key(0), cfg)
     tokens = np.asarray(tr.tokens).reshape(2, 4, -1)
@@ -565,15 +607,12 @@ def test_attention_block_changes_only_the_work(tiny_tokenizer, monkeypatch):
     assert RolloutConfig(4, 2, 8).attention_block == BLOCK_SIZE  # the CPU's default, one constant
 
 
-# The compacting rollouts: the file's batch of 8 rows in chunks of 2 (compaction on with the smallest chunks).
-COMPACTING = dict(compact_min_rows=2, compact_steps=4)
-
-
 def test_rollout_program_never_copies_the_kv_cache(tiny_tokenizer):
     """The compiled rollout (compaction on: live rows packed first, a turn played chunk by chunk) holds
     no instruction that copies or transposes a cache-sized array: per-turn prefill, decode and the
     compaction all update the cache in place (XLA copied it whole, twice a turn, when the prefill ran
-    under `lax.cond`). The program is test_compaction_changes_nothing_but_the_work's compacting one."""
+    under `lax.cond`). The program is the file's sampled corridor one (test_rollout_equals_python_loop
+    [corridor-sampled-compacting], where the compacting rollout equals the Python loop)."""
     from flax import nnx
 
     from bmrl.rollout.engine import make_rollout
@@ -593,46 +632,6 @@ def test_rollout_program_never_copies_the_kv_cache(tiny_tokenizer):
     cache = policy.init_cache(batch, cfg.max_len)[0][0]
     assert cache.size in [math.prod(int(d) for d in dims.split(",")) for dims in re.findall(r"f32\[([\d,]+)\]", hlo)]
     assert _cache_sized_copies(hlo, cache.size) == []
-
-
-def test_compaction_changes_nothing_but_the_work(tiny_tokenizer):
-    """Finished rows leave the batch (live rows packed first, turns played in chunks of 2 rows while a
-    chunk holds a live row, the KV cache staying in place) and every row's trajectory, sampled at
-    temperature 1 with its own key, is the one it has in the full batch: same tokens, same order."""
-    env = _env("corridor", tiny_tokenizer)
-    policy = steered_policy(env, _fmt(env), seed=2, scale=3.0)
-    cfg = _cfg(temperature=1.0)
-    caps = jnp.asarray([1, 2, 3, 6, 4, 6, 6, 5], jnp.int32)  # rows finish at every turn
-    tasks = {"seed": np.arange(8, dtype=np.int32) * 7}
-    key = jax.random.key(11)
-    # The default's 16-row chunks: the whole batch (test_rollout_equals_python_loop[corridor-sampled]'s program).
-    assert cfg.compact_chunk(8) == 8
-    full = rollout(policy, env, tasks, caps, key, cfg)
-    compacting = dataclasses.replace(cfg, **COMPACTING)
-    assert compacting.compact_chunk(8) == 2
-    _assert_same(full, rollout(policy, env, tasks, caps, key, compacting))
-    used = np.asarray(full.turns_used)
-    assert used.min() < used.max()  # rows really finished at different turns
-
-
-@pytest.mark.parametrize("name, temperature", [("sokoban", 0.0), ("toolchain", 1.0), ("keypad", 1.0)],
-                         ids=["sokoban", "toolchain", "keypad"])  # frozenlake's grid state is sokoban's kind
-def test_compaction_gathers_every_env_state(name, temperature, tiny_tokenizer):
-    """Each kind of environment state (a grid, a tool chain, a code: pytrees of their own shapes) is gathered
-    when the batch compacts (8 rows in chunks of 2): every row's trajectory (sokoban greedy, the others
-    sampled) is the one it has in the full batch, whose program is the env's in
-    test_rollout_equals_python_loop (keypad's replies mostly fail to parse here, see above: its state is
-    gathered all the same)."""
-    env = _env(name, tiny_tokenizer)
-    policy = steered_policy(env, _fmt(env), seed=2, scale=3.0)
-    cfg = _cfg(temperature=temperature)
-    compacting = dataclasses.replace(cfg, **COMPACTING)
-    caps, key = jnp.asarray([1, 6, 2, 6, 3, 5, 6, 4], jnp.int32), jax.random.key(7)
-    tasks = {"seed": np.arange(8, dtype=np.int32) * 5}
-    full = rollout(policy, env, tasks, caps, key, cfg)
-    assert cfg.compact_chunk(8) == 8 and compacting.compact_chunk(8) == 2
-    _assert_same(full, rollout(policy, env, tasks, caps, key, compacting))
-    assert (np.asarray(full.turns_used) <= np.asarray(caps)).all() and int(np.asarray(full.turns_used).max()) > 1
 
 
 def test_unrolled_threefry_draws_the_same_bits():
