@@ -82,15 +82,15 @@ def place_learner(optimizer, params: Any, mesh) -> tuple[Any, Any, tuple[Any, An
     opt_state_shardings)); the update program is compiled for exactly these shardings."""
     param_sh = param_shardings(params, mesh)
     params = jax.device_put(params, param_sh)
+    opt_sh = state_shardings(jax.eval_shape(functools.partial(init_opt_state, optimizer), params), mesh)
+    return params, _init_opt_state(optimizer, params, opt_sh), (param_sh, opt_sh)
+
+
+def _init_opt_state(optimizer, params: Any, shardings: Any = None) -> Any:
+    """`init_opt_state(optimizer, params)` in one program, laid out by `shardings` when given (eager, every zeros,
+    counter and copy was a one-op program of its own)."""
     init = functools.partial(init_opt_state, optimizer)
-    opt_sh = state_shardings(jax.eval_shape(init, params), mesh)
-    return params, jax.jit(init, out_shardings=opt_sh)(params), (param_sh, opt_sh)
-
-
-def _init_opt_state(optimizer, params: Any) -> Any:
-    """`init_opt_state(optimizer, params)` in one program (eager, every zeros, counter and copy was a one-op
-    program of its own)."""
-    return jax.jit(functools.partial(init_opt_state, optimizer))(params)
+    return (jax.jit(init) if shardings is None else jax.jit(init, out_shardings=shardings))(params)
 
 
 class Loop:

@@ -94,7 +94,7 @@ def make_evaluator(graphdef, run, cfg, tasks, mesh):
     from training's "rollout" even where their shapes and sampling agree)."""
     ts = list(cfg.eval.ts)
     n = run.player.count(tasks)
-    place = lambda tree: shard_batch(jax.tree.map(jax.device_put, tree), mesh)  # noqa: E731  (no program per shape)
+    place = lambda tree: shard_batch(jax.device_put(tree), mesh)  # noqa: E731  (no program per shape)
     compiled = [0]
 
     def evaluate(params, key) -> dict[int, tuple[float, float]]:

@@ -25,11 +25,6 @@ from bmrl.parallel import shard_batch
 from bmrl.rollout import Injection, make_rollout
 
 
-def _no_injection(max_turns: int) -> Injection:
-    """`Injection.none(max_turns)`, its arrays transferred from the host (eager jnp compiles a program per op)."""
-    return Injection(prob=jax.device_put(np.float32(0.0)), turns=jax.device_put(np.zeros((max_turns,), bool)))
-
-
 @dataclasses.dataclass(frozen=True, eq=False)
 class JaxPlayer:
     """A built-in JAX env: tasks are level seeds (`{"seed": int32[n]}`), episodes one compiled loop."""
@@ -135,10 +130,10 @@ class JaxPlayer:
     def playing(self, graphdef: nnx.GraphDef, rollout_cfg: Any, mesh: Any = None) -> Callable:
         """`play(params, rows, caps, key) -> (Trajectory, None)`: the compiled rollout, rows sharded on `mesh`."""
         rollout_fn = make_rollout(graphdef, self.env, self.fmt, rollout_cfg)
-        inject = _no_injection(rollout_cfg.max_turns)
+        inject = Injection.none(rollout_cfg.max_turns)
 
         def play(params, rows: dict, caps: Any, key: Any):
-            tasks = shard_batch(jax.tree.map(jax.device_put, rows), mesh)  # device_put: no program per shape
+            tasks = shard_batch(jax.device_put(rows), mesh)  # device_put: jnp.asarray compiles a program per shape
             return rollout_fn(params, tasks, caps, key, inject), None
 
         return play
@@ -149,7 +144,7 @@ class JaxPlayer:
 
     def demos(self, rows: dict, key: Any, **kw: Any) -> Demos:
         """The noisy oracle's demonstrations of `rows` (`bmrl.learn.demos.make_demos`, one jit)."""
-        return make_demos(self.env, self.fmt, jax.tree.map(jax.device_put, rows), key, **kw)
+        return make_demos(self.env, self.fmt, jax.device_put(rows), key, **kw)
 
     def evaluation_runner(self, *args: Any) -> Runner:
         """The evaluator's `Runner` (`bmrl.eval.evaluate`): the compiled episode engine, model or scripted

@@ -165,14 +165,15 @@ class Injection:
 
     @classmethod
     def none(cls, max_turns: int) -> "Injection":
-        return cls(prob=jnp.float32(0.0), turns=jnp.zeros((max_turns,), bool))
+        return cls.at(max_turns, (), 0.0)
 
     @classmethod
     def at(cls, max_turns: int, turns, prob: float) -> "Injection":
         """Inject with probability `prob` at the 0-based turns listed in `turns`."""
         mask = np.zeros((max_turns,), bool)
         mask[list(turns)] = True
-        return cls(prob=jnp.float32(prob), turns=jnp.asarray(mask))
+        # Built on the host and transferred: eager jnp ops would each compile a one-op program.
+        return cls(prob=jax.device_put(np.float32(prob)), turns=jax.device_put(mask))
 
 
 def check_caps(caps: Any, cfg: RolloutConfig) -> None:
